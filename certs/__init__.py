@@ -1,0 +1,1 @@
+"""Certificate authority, serving certificate and intent-signing key tooling."""

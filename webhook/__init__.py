@@ -1,0 +1,1 @@
+"""The admission side of gpushare, and the annotation contract it shares with the device plugin."""

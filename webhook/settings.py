@@ -1,0 +1,106 @@
+"""Webhook settings: one frozen dataclass built from GPUSHARE_* environment variables, checked at start."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TypeVar
+
+from webhook.protocol import DEFAULT_PREFIX, DEFAULT_RESOURCE, Contract, ProtocolError
+
+T = TypeVar("T")
+
+DEFAULT_EXTENDER = "system:serviceaccount:kube-system:gpushare-schd-extender"
+DEFAULT_PLUGIN = "system:serviceaccount:kube-system:gpushare-device-plugin"
+
+
+class SettingsError(ValueError):
+    """A bad environment variable; the text names the variable and the accepted values."""
+
+
+def env_value(env: Mapping[str, str], name: str, default: str) -> str:
+    return env.get(name, default).strip()
+
+
+def env_parsed(env: Mapping[str, str], name: str, default: str, parse: Callable[[str], T], accepted: str) -> T:
+    raw = env_value(env, name, default)
+    try:
+        return parse(raw)
+    except (ValueError, ProtocolError) as exc:
+        raise SettingsError(f"{name}={raw!r} is not valid: {exc}; expected {accepted}") from exc
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise ValueError("must be greater than zero")
+    return value
+
+
+def identity_list(text: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+def contract_from(env: Mapping[str, str]) -> Contract:
+    """The cluster-wide contract, read the same way by the webhook and the device plugin."""
+    resource = env_value(env, "GPUSHARE_RESOURCE_NAME", DEFAULT_RESOURCE)
+    unit = env_value(env, "GPUSHARE_UNIT", "GiB")
+    prefix = env_value(env, "GPUSHARE_ANNOTATION_PREFIX", DEFAULT_PREFIX)
+    delivery = env_value(env, "GPUSHARE_DELIVERY", "env")
+    try:
+        return Contract(resource=resource, unit=unit, prefix=prefix, delivery=delivery)
+    except ProtocolError as exc:
+        raise SettingsError(
+            f"the GPUSHARE_RESOURCE_NAME / GPUSHARE_UNIT / GPUSHARE_ANNOTATION_PREFIX / GPUSHARE_DELIVERY "
+            f"settings are inconsistent: {exc}"
+        ) from exc
+
+
+@dataclass(frozen=True)
+class Settings:
+    contract: Contract
+    extender_identities: tuple[str, ...]
+    plugin_identities: tuple[str, ...]
+    max_gpu_units: int
+    signing_key: str
+    tls_cert: str
+    tls_key: str
+    bind: str
+    max_body_bytes: int
+    workers: int
+    threads: int
+    log_level: str
+
+    @property
+    def trusted_identities(self) -> tuple[str, ...]:
+        return self.extender_identities + self.plugin_identities
+
+
+def settings_from(env: Mapping[str, str]) -> Settings:
+    contract = contract_from(env)
+    default_max = "192" if contract.unit == "GiB" else str(192 * 1024)
+    log_level = env_value(env, "GPUSHARE_LOG_LEVEL", "INFO").upper()
+    if log_level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        raise SettingsError(f"GPUSHARE_LOG_LEVEL={log_level!r} is not valid; expected DEBUG, INFO, WARNING or ERROR")
+    return Settings(
+        contract=contract,
+        extender_identities=identity_list(env_value(env, "GPUSHARE_EXTENDER_IDENTITIES", DEFAULT_EXTENDER)),
+        plugin_identities=identity_list(env_value(env, "GPUSHARE_PLUGIN_IDENTITIES", DEFAULT_PLUGIN)),
+        max_gpu_units=env_parsed(env, "GPUSHARE_MAX_GPU_UNITS", default_max, positive_int, "a positive integer"),
+        signing_key=env_value(env, "GPUSHARE_SIGNING_KEY", "/etc/gpushare/signing/signing.key"),
+        tls_cert=env_value(env, "GPUSHARE_TLS_CERT", "/etc/gpushare/tls/tls.crt"),
+        tls_key=env_value(env, "GPUSHARE_TLS_KEY", "/etc/gpushare/tls/tls.key"),
+        bind=env_value(env, "GPUSHARE_BIND", "127.0.0.1:8443"),
+        max_body_bytes=env_parsed(
+            env, "GPUSHARE_MAX_BODY_BYTES", str(8 * 1024 * 1024), positive_int, "a positive number of bytes"
+        ),
+        workers=env_parsed(env, "GPUSHARE_WORKERS", "2", positive_int, "a positive integer"),
+        threads=env_parsed(env, "GPUSHARE_THREADS", "4", positive_int, "a positive integer"),
+        log_level=log_level,
+    )
+
+
+def from_environ() -> Settings:
+    """The one place the webhook reads os.environ."""
+    return settings_from(os.environ)

@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Regenerate the checked-in Python code from the .proto files (needs grpcio-tools: ./dev test installs it).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+PY=${PY:-.venv/bin/python}
+"$PY" -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. \
+    deviceplugin/api/deviceplugin.proto deviceplugin/api/podresources.proto

@@ -12,7 +12,7 @@ from webhook.protocol import DEFAULT_PREFIX, DEFAULT_RESOURCE, Contract, Protoco
 T = TypeVar("T")
 
 DEFAULT_EXTENDER = "system:serviceaccount:kube-system:gpushare-schd-extender"
-DEFAULT_PLUGIN = "system:serviceaccount:kube-system:gpushare-device-plugin"
+DEFAULT_PLUGIN = "system:serviceaccount:gpushare-system:gpushare-device-plugin"
 
 
 class SettingsError(ValueError):

@@ -1,0 +1,1 @@
+"""Tests of the admission side and the shared annotation contract."""

@@ -1,0 +1,162 @@
+"""Flask app factory: the only module that knows HTTP; it translates reviews and exceptions to answers."""
+
+from __future__ import annotations
+
+import logging
+import ssl
+import threading
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from flask import Flask, Response, jsonify, request
+from werkzeug.exceptions import RequestEntityTooLarge
+
+from webhook import signing
+from webhook.mutate import mutate
+from webhook.review import MalformedReview, Request, Review, parse_review, respond, username
+from webhook.settings import Settings, from_environ
+from webhook.validate import validate
+
+log = logging.getLogger(__name__)
+
+_LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
+
+
+def _new_uuid() -> str:
+    return str(uuid.uuid4())
+
+
+class SigningKey:
+    """The intent-signing key, loaded from its file on first use and again after a failure (a late mount)."""
+
+    def __init__(self, settings: Settings, key: Ed25519PrivateKey | None) -> None:
+        self._path = settings.signing_key
+        self._key = key
+        self._lock = threading.Lock()
+
+    def get(self) -> Ed25519PrivateKey:
+        with self._lock:
+            if self._key is None:
+                try:
+                    pem = Path(self._path).read_bytes()
+                except OSError as exc:
+                    raise signing.SigningKeyError(
+                        f"the signing key {self._path} cannot be read ({exc.strerror}); mount the "
+                        "gpushare-signing-key Secret there or set GPUSHARE_SIGNING_KEY"
+                    ) from exc
+                self._key = signing.load_private_key(pem, self._path)
+            return self._key
+
+
+def _describe(req: Request) -> str:
+    meta = req["object"].get("metadata") or {}
+    name = meta.get("name") or f"{meta.get('generateName') or ''}<generated>"
+    return f"{req['namespace']}/{name}"
+
+
+def _tls_problem(settings: Settings) -> str | None:
+    try:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(settings.tls_cert, settings.tls_key)
+    except (OSError, ssl.SSLError) as exc:
+        return f"the TLS certificate {settings.tls_cert} / key {settings.tls_key} cannot be loaded ({exc})"
+    return None
+
+
+def create_app(
+    settings: Settings,
+    *,
+    private_key: Ed25519PrivateKey | None = None,
+    new_id: Callable[[], str] = _new_uuid,
+) -> Flask:
+    """The webhook's WSGI app: POST /mutate, POST /validate, GET /healthz, GET /readyz."""
+    app = Flask(__name__)
+    # The API server's own limit for a request body is 3 MiB (etcd's 1.5 MiB object, JSON-wrapped twice).
+    app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
+    key = SigningKey(settings, private_key)
+
+    def body() -> bytes:
+        try:
+            return request.get_data(cache=False)
+        except RequestEntityTooLarge as exc:
+            raise MalformedReview(
+                f"the request body is over the {settings.max_body_bytes}-byte limit (GPUSHARE_MAX_BODY_BYTES)"
+            ) from exc
+
+    def answer(review: Review) -> Response:
+        return jsonify(review)
+
+    def malformed(exc: MalformedReview) -> tuple[str, int, dict[str, str]]:
+        log.warning("%s %s: malformed AdmissionReview: %s", request.method, request.path, exc)
+        return " ".join(str(exc).split()) + "\n", 400, {"Content-Type": "text/plain; charset=utf-8"}
+
+    @app.post("/mutate")
+    def mutate_view() -> Any:
+        try:
+            req = parse_review(body(), settings.max_body_bytes)
+        except MalformedReview as exc:
+            return malformed(exc)
+        try:
+            patch = mutate(req["object"], req["namespace"], settings.contract, key.get(), new_id)
+        except Exception as exc:
+            log.exception("mutate %s uid=%s failed", _describe(req), req["uid"])
+            return answer(respond(req["uid"], allowed=False, code=500, message=(
+                f"The gpushare webhook could not stamp pod {_describe(req)} because of an internal error ({exc}); "
+                "check the gpushare-webhook logs in gpushare-system and create the pod again."
+            )))
+        log.info("mutate %s uid=%s ops=%s dryRun=%s", _describe(req), req["uid"], len(patch), req["dryRun"])
+        return answer(respond(req["uid"], patch=patch))
+
+    @app.post("/validate")
+    def validate_view() -> Any:
+        try:
+            req = parse_review(body(), settings.max_body_bytes)
+        except MalformedReview as exc:
+            return malformed(exc)
+        try:
+            verdict = validate(
+                req["operation"], req["oldObject"], req["object"], username(req), req["namespace"], settings,
+                key.get().public_key(),
+            )
+        except Exception as exc:
+            log.exception("validate %s uid=%s failed", _describe(req), req["uid"])
+            return answer(respond(req["uid"], allowed=False, code=500, message=(
+                f"The gpushare webhook could not check pod {_describe(req)} because of an internal error ({exc}); "
+                "check the gpushare-webhook logs in gpushare-system and retry."
+            )))
+        if verdict.allowed:
+            log.debug("validate %s uid=%s %s allowed", _describe(req), req["uid"], req["operation"])
+        else:
+            log.info("validate %s uid=%s %s denied: %s", _describe(req), req["uid"], req["operation"], verdict.message)
+        return answer(respond(req["uid"], allowed=verdict.allowed, message=verdict.message))
+
+    @app.get("/healthz")
+    def healthz() -> Any:
+        return "ok\n", 200, {"Content-Type": "text/plain; charset=utf-8"}
+
+    @app.get("/readyz")
+    def readyz() -> Any:
+        problems: list[str] = []
+        try:
+            key.get()
+        except signing.SigningKeyError as exc:
+            problems.append(str(exc))
+        tls = _tls_problem(settings)
+        if tls:
+            problems.append(tls)
+        if problems:
+            return "not ready: " + "; ".join(problems) + "\n", 503, {"Content-Type": "text/plain; charset=utf-8"}
+        return "ok\n", 200, {"Content-Type": "text/plain; charset=utf-8"}
+
+    return app
+
+
+def create_app_from_env() -> Flask:
+    """The app gunicorn serves (gunicorn.conf.py: wsgi_app), configured from GPUSHARE_* variables."""
+    settings = from_environ()
+    logging.basicConfig(level=settings.log_level, format=_LOG_FORMAT)
+    logging.getLogger().setLevel(settings.log_level)
+    return create_app(settings)

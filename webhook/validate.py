@@ -1,0 +1,294 @@
+"""(operation, old pod, new pod, user) -> verdict: the lifecycle rules of the annotation contract (pure)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from webhook import signing
+from webhook.mutate import expected_env
+from webhook.protocol import (
+    ASSIGNED,
+    COMPAT_KEYS,
+    PLACEMENT_KEYS,
+    RESERVED_ENV,
+    Assignment,
+    Contract,
+    Demand,
+    Intent,
+    ProtocolError,
+    allocation_problems,
+    assignment_problems,
+    container_units,
+    demand_of,
+    intent_mismatch,
+    parse_allocation,
+    parse_assignment,
+    parse_intent,
+    read_annotations,
+)
+
+Pod = Mapping[str, Any]
+
+
+class Policy(Protocol):
+    """What the rules need from the settings (webhook.settings.Settings satisfies it)."""
+
+    @property
+    def contract(self) -> Contract: ...
+
+    @property
+    def extender_identities(self) -> tuple[str, ...]: ...
+
+    @property
+    def plugin_identities(self) -> tuple[str, ...]: ...
+
+    @property
+    def max_gpu_units(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class Verdict:
+    allowed: bool
+    message: str = ""
+
+
+ALLOWED = Verdict(True)
+
+
+def validate(  # noqa: PLR0917 - the call shape of the shared contract: (operation, old, new, user, ns, ...)
+    operation: str, old: Pod | None, new: Pod, username: str, namespace: str, policy: Policy,
+    public_key: Ed25519PublicKey,
+) -> Verdict:
+    """Allow, or deny with whole sentences that name the pod, each offending key and the fix."""
+    if operation == "CREATE":
+        problems = _create_problems(new, namespace, policy, public_key)
+    elif operation == "UPDATE" and old is not None:
+        problems = _update_problems(old, new, username, policy)
+    else:
+        return ALLOWED
+    if not problems:
+        return ALLOWED
+    sentences = " ".join(_sentence(p) for p in problems)
+    return Verdict(False, f"gpushare denied pod {_ref(new, namespace)}. {sentences}")
+
+
+def _sentence(problem: str) -> str:
+    text = problem[0].upper() + problem[1:]
+    return text if text.endswith(".") else text + "."
+
+
+def _ref(pod: Pod, namespace: str) -> str:
+    meta = pod.get("metadata") or {}
+    name = meta.get("name") or f"{meta.get('generateName') or ''}<generated>"
+    return f"{namespace}/{name}"
+
+
+def _verb(key: str, old: Mapping[str, str], new: Mapping[str, str]) -> str:
+    return "added" if key not in old else "removed" if key not in new else "changed"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# CREATE
+
+
+def _create_problems(pod: Pod, namespace: str, policy: Policy, public_key: Ed25519PublicKey) -> list[str]:
+    contract = policy.contract
+    annotations = read_annotations(pod)
+    problems = [
+        f"annotation {key} is reserved: the scheduler extender or the gpushare device plugin writes it after "
+        "scheduling; remove it from the pod (or its template)"
+        for key in (*COMPAT_KEYS, contract.allocation_key)
+        if key in annotations
+    ]
+    try:
+        demand: Demand | None = demand_of(pod, contract.resource)
+    except ProtocolError as exc:
+        problems.append(str(exc))
+        demand = None
+    intent = _created_intent(pod, namespace, demand, contract, public_key, problems=problems)
+    if demand is None or not demand.wants_gpu:
+        return problems
+    for name, units in (*demand.containers, *((i.name, i.units) for i in demand.init_containers)):
+        if units > policy.max_gpu_units:
+            problems.append(
+                f"container {name!r} asks for {units} {contract.unit} of {contract.resource}, more than the largest "
+                f"GPU holds ({policy.max_gpu_units} {contract.unit}, GPUSHARE_MAX_GPU_UNITS), so it could never be "
+                "placed; lower its limit"
+            )
+    problems.extend(_env_problems(pod, contract, intent.total if intent else demand.total))
+    return problems
+
+
+def _created_intent(
+    pod: Pod, namespace: str, demand: Demand | None, contract: Contract, public_key: Ed25519PublicKey,
+    *, problems: list[str],
+) -> Intent | None:
+    """The intent stamped by the mutating webhook, appending a problem when it is absent or not genuine."""
+    annotations = read_annotations(pod)
+    intent_key, signature_key = contract.intent_key, contract.signature_key
+    text, signature = annotations.get(intent_key), annotations.get(signature_key)
+    fix = f"remove {intent_key} and {signature_key} and create the pod again so the gpushare webhook stamps it"
+    if text is None and signature is None:
+        if demand is not None and demand.wants_gpu:
+            problems.append(
+                f"the pod requests {demand.total} {contract.unit} of {contract.resource} but has no {intent_key} "
+                "annotation, so the gpushare mutating webhook did not reach it; check that the "
+                "MutatingWebhookConfiguration gpushare-webhook exists and selects this namespace, then create "
+                "the pod again"
+            )
+        return None
+    if demand is not None and not demand.wants_gpu:
+        problems.append(
+            f"annotations {intent_key} and {signature_key} are written by the gpushare mutating webhook for pods "
+            f"that request {contract.resource}, and this pod requests none; remove them"
+        )
+        return None
+    if text is None or signature is None:
+        present, missing = (intent_key, signature_key) if signature is None else (signature_key, intent_key)
+        problems.append(f"annotation {present} is present without {missing}; {fix}")
+        return None
+    if not signing.verify(public_key, text, namespace, signature):
+        problems.append(
+            f"annotation {signature_key} does not verify for namespace {namespace}: this intent was not stamped "
+            f"by the gpushare webhook for this pod (copied from another pod or edited); {fix}"
+        )
+        return None
+    try:
+        intent = parse_intent(text, intent_key)
+    except ProtocolError as exc:
+        problems.append(f"{exc}; {fix}")
+        return None
+    mismatch = intent_mismatch(intent, pod, contract) if demand is not None else None
+    if mismatch:
+        problems.append(f"annotation {intent_key} does not match the pod spec: {mismatch}; {fix}")
+    return intent
+
+
+def _normal_env(entry: Mapping[str, Any]) -> dict[str, Any]:
+    """An env definition as the API server stores it: empty value dropped, fieldRef apiVersion defaulted."""
+    out = {k: v for k, v in entry.items() if not (k == "value" and v in ("", None))}
+    value_from = out.get("valueFrom")
+    if isinstance(value_from, dict) and isinstance(value_from.get("fieldRef"), dict):
+        field_ref = {"apiVersion": "v1", **value_from["fieldRef"]}
+        out["valueFrom"] = {**value_from, "fieldRef": field_ref}
+    return out
+
+
+def _env_problems(pod: Pod, contract: Contract, total: int) -> list[str]:
+    problems: list[str] = []
+    spec = pod.get("spec") or {}
+    for kind in ("initContainers", "containers"):
+        for container in spec.get(kind) or []:
+            units = container_units(container, contract.resource, "container")
+            if not units:
+                continue
+            wanted = (
+                {e["name"]: _normal_env(e) for e in expected_env(units, total)} if contract.delivery == "env" else {}
+            )
+            seen: set[str] = set()
+            for entry in container.get("env") or []:
+                name = entry.get("name") if isinstance(entry, dict) else None
+                if name not in RESERVED_ENV or name in seen or _normal_env(entry) == wanted.get(name):
+                    continue
+                seen.add(name)
+                how = (
+                    "the gpushare webhook defines it from the scheduler's GPU choice (env delivery)"
+                    if contract.delivery == "env"
+                    else "the GPU and its variables come from the CDI device (cdi delivery)"
+                )
+                problems.append(
+                    f"container {container.get('name')!r} sets {name} itself, but {how}; remove the {name} entry "
+                    "from the container's env"
+                )
+    return problems
+
+
+# ---------------------------------------------------------------------------------------------------------
+# UPDATE
+
+
+def _update_problems(old: Pod, new: Pod, username: str, policy: Policy) -> list[str]:
+    contract = policy.contract
+    before, after = read_annotations(old), read_annotations(new)
+    problems = [
+        f"annotation {key} was {_verb(key, before, after)}, but it is stamped once at creation by the gpushare "
+        "mutating webhook and never changes; restore its original value"
+        for key in (contract.intent_key, contract.signature_key)
+        if before.get(key) != after.get(key)
+    ]
+    changed = [k for k in (*COMPAT_KEYS, contract.allocation_key) if before.get(k) != after.get(k)]
+    if not changed:
+        return problems
+    if username not in (*policy.extender_identities, *policy.plugin_identities):
+        trusted = ", ".join((*policy.extender_identities, *policy.plugin_identities)) or "none configured"
+        problems.extend(
+            f"annotation {key} was {_verb(key, before, after)} by {username or 'an anonymous user'}, but only the "
+            f"scheduler extender and the gpushare device plugin ({trusted}) may write it; leave it alone, or list "
+            "your extender's account in GPUSHARE_EXTENDER_IDENTITIES"
+            for key in changed
+        )
+        return problems
+
+    try:
+        assignment: Assignment | None = parse_assignment(after)
+    except ProtocolError as exc:
+        problems.append(str(exc))
+        assignment = None
+    if before.get(ASSIGNED) == "true" and after.get(ASSIGNED) != "true":
+        problems.append(
+            f'annotation {ASSIGNED} went from "true" to {after.get(ASSIGNED)!r}; once the device plugin has '
+            'allocated the pod it stays "true"; leave it'
+        )
+    problems.extend(_placement_problems(old, before, after, username, policy))
+
+    intent = _stored_intent(after, contract)
+    if intent is not None and assignment is not None:
+        problems.extend(assignment_problems(intent, assignment))
+    allocation_text = after.get(contract.allocation_key)
+    if allocation_text is not None:
+        try:
+            allocation = parse_allocation(allocation_text, contract.allocation_key)
+        except ProtocolError as exc:
+            problems.append(str(exc))
+        else:
+            if intent is not None and assignment is not None:
+                node_name = (new.get("spec") or {}).get("nodeName") or None
+                problems.extend(
+                    f"annotation {contract.allocation_key} is inconsistent: {p}; it is written by the gpushare "
+                    "device plugin and must describe this pod's own allocation"
+                    for p in allocation_problems(intent, assignment, allocation, node_name)
+                )
+    return problems
+
+
+def _placement_problems(
+    old: Pod, before: Mapping[str, str], after: Mapping[str, str], username: str, policy: Policy
+) -> list[str]:
+    moved = [k for k in PLACEMENT_KEYS if before.get(k) != after.get(k)]
+    bound = bool((old.get("spec") or {}).get("nodeName")) or before.get(ASSIGNED) == "true"
+    if not moved or not bound:
+        return []
+    # Node-local placement (cdi mode): the plugin picks the GPU after binding, adding the keys where none were.
+    if username in policy.plugin_identities and not any(k in before for k in PLACEMENT_KEYS):
+        return []
+    return [
+        f"annotation {key} was {_verb(key, before, after)} after the pod was bound to a node or allocated; kubelet "
+        "reads it into the containers' environment, so it cannot change any more; delete and recreate the pod to "
+        "place it again"
+        for key in moved
+    ]
+
+
+def _stored_intent(annotations: Mapping[str, str], contract: Contract) -> Intent | None:
+    """The intent the pod was created with, if it has a readable one (it was verified at CREATE and is frozen)."""
+    text = annotations.get(contract.intent_key)
+    if text is None:
+        return None
+    try:
+        return parse_intent(text, contract.intent_key)
+    except ProtocolError:
+        return None

@@ -1,0 +1,138 @@
+"""What a started container sees: its environment as kubelet + runtime build it, CDI edits, and its GPUs (pure)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from deviceplugin.inventory import Gpu
+
+_FIELD_RE = re.compile(r"^metadata\.(annotations|labels)\['([^']*)'\]$")
+
+
+class CdiError(Exception):
+    """A CDI device name the runtime cannot resolve from the spec directory (a container-creation error)."""
+
+
+def field_value(pod: Mapping[str, Any], path: str) -> str:
+    """A downward-API fieldRef as the kubelet resolves it; a missing annotation or label is an empty string."""
+    meta = pod.get("metadata") or {}
+    match = _FIELD_RE.match(path)
+    if match:
+        return str((meta.get(match.group(1)) or {}).get(match.group(2), ""))
+    simple = {
+        "metadata.name": meta.get("name"),
+        "metadata.namespace": meta.get("namespace"),
+        "metadata.uid": meta.get("uid"),
+        "spec.nodeName": (pod.get("spec") or {}).get("nodeName"),
+        "spec.serviceAccountName": (pod.get("spec") or {}).get("serviceAccountName"),
+    }
+    return str(simple.get(path) or "")
+
+
+def container_env(
+    container: Mapping[str, Any], pod: Mapping[str, Any], allocate_envs: Sequence[Mapping[str, str]]
+) -> list[tuple[str, str]]:
+    """The ordered env list handed to the runtime: device-plugin envs first, then the container's own env.
+
+    Simplified: `$(VAR)` expansion and secret/configMap references are not modelled (the latter resolve to "").
+    """
+    out: list[tuple[str, str]] = []
+    for envs in allocate_envs:
+        out.extend(envs.items())
+    for entry in container.get("env") or []:
+        name = str(entry.get("name"))
+        if "value" in entry:
+            out.append((name, str(entry.get("value") or "")))
+            continue
+        field_ref = (entry.get("valueFrom") or {}).get("fieldRef") or {}
+        out.append((name, field_value(pod, str(field_ref.get("fieldPath", "")))))
+    return out
+
+
+def last_wins(env: Sequence[tuple[str, str]]) -> dict[str, str]:
+    """containerd and runc keep the last value of a repeated name."""
+    return dict(env)
+
+
+@dataclass(frozen=True)
+class CdiEdits:
+    env: tuple[tuple[str, str], ...]
+    device_nodes: tuple[str, ...]
+
+
+def read_cdi_specs(cdi_dir: str) -> dict[str, dict[str, Any]]:
+    """Every device of every JSON spec in the directory, by fully qualified name (`vendor/class=name`).
+
+    Like containerd and CRI-O, the registry is refreshed right before injection; unreadable files are skipped.
+    """
+    devices: dict[str, dict[str, Any]] = {}
+    try:
+        names = sorted(os.listdir(cdi_dir))
+    except FileNotFoundError:
+        return devices
+    for fname in names:
+        if not fname.endswith(".json"):
+            continue
+        try:
+            with open(os.path.join(cdi_dir, fname), encoding="utf-8") as fh:
+                spec = json.load(fh)
+        except (OSError, ValueError):
+            continue
+        if not isinstance(spec, dict):
+            continue
+        kind = str(spec.get("kind", ""))
+        common = spec.get("containerEdits") or {}
+        for device in spec.get("devices") or []:
+            edits = device.get("containerEdits") or {}
+            devices[f"{kind}={device.get('name')}"] = {"device": edits, "spec": common}
+    return devices
+
+
+def cdi_edits(names: Sequence[str], cdi_dir: str) -> CdiEdits:
+    """The env and device nodes the runtime injects for these CDI devices, or CdiError if one is unknown."""
+    registry = read_cdi_specs(cdi_dir)
+    env: list[tuple[str, str]] = []
+    nodes: list[str] = []
+    for name in names:
+        found = registry.get(name)
+        if found is None:
+            raise CdiError(f"failed to inject CDI devices: unresolvable CDI devices {name}")
+        for edits in (found["spec"], found["device"]):
+            for item in edits.get("env") or []:
+                key, _, value = str(item).partition("=")
+                env.append((key, value))
+            nodes.extend(str(n.get("path")) for n in edits.get("deviceNodes") or [])
+    return CdiEdits(tuple(env), tuple(nodes))
+
+
+@dataclass(frozen=True)
+class Visible:
+    """What NVIDIA_VISIBLE_DEVICES gives the container: GPU indexes, and tokens no GPU answers to."""
+
+    gpus: tuple[int, ...]
+    made_up: tuple[str, ...]
+
+
+def visible_gpus(value: str | None, gpus: Sequence[Gpu]) -> Visible:
+    """Resolve NVIDIA_VISIBLE_DEVICES the way nvidia-container-cli does: indexes or UUIDs, or all/none/void."""
+    if value is None or value.strip() in ("", "none", "void"):
+        return Visible((), ())
+    if value.strip() == "all":
+        return Visible(tuple(g.index for g in gpus), ())
+    by_index = {str(g.index): g.index for g in gpus}
+    by_uuid = {g.uuid: g.index for g in gpus}
+    found: list[int] = []
+    made_up: list[str] = []
+    for token in (t.strip() for t in value.split(",")):
+        if token in by_index:
+            found.append(by_index[token])
+        elif token in by_uuid:
+            found.append(by_uuid[token])
+        else:
+            made_up.append(token)
+    return Visible(tuple(found), tuple(made_up))

@@ -1,0 +1,157 @@
+"""The simulated kubelet's device manager: who holds which device IDs, init-container reuse, the checkpoint file."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import random
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from deviceplugin.api import deviceplugin_pb2 as dp
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One container's devices, recorded after Allocate returned (what PodResources and the checkpoint hold)."""
+
+    pod_uid: str
+    namespace: str
+    pod_name: str
+    container: str
+    resource: str
+    device_ids: tuple[str, ...]
+    response: bytes  # the serialized ContainerAllocateResponse, as the kubelet checkpoints it
+
+    def allocate_response(self) -> dp.ContainerAllocateResponse:
+        return dp.ContainerAllocateResponse.FromString(self.response)
+
+
+class Unavailable(Exception):
+    """Not enough free healthy devices: the kubelet refuses admission before calling the plugin."""
+
+
+def fnv32a(data: bytes) -> int:
+    value = 0x811C9DC5
+    for byte in data:
+        value = ((value ^ byte) * 0x01000193) & 0xFFFFFFFF
+    return value
+
+
+class DeviceState:
+    """Thread-safe map of (pod UID, container) -> Entry, plus the per-pod reusable init-container devices."""
+
+    def __init__(self, checkpoint_path: str, resource: str) -> None:
+        self.checkpoint_path = checkpoint_path
+        self.resource = resource
+        self._lock = threading.RLock()
+        self._entries: dict[tuple[str, str], Entry] = {}
+        self._reusable: dict[str, set[str]] = {}
+        self._names: dict[str, tuple[str, str]] = {}
+        self.registered: list[str] = []
+
+    def entries(self) -> list[Entry]:
+        with self._lock:
+            return list(self._entries.values())
+
+    def entry(self, pod_uid: str, container: str) -> Entry | None:
+        with self._lock:
+            return self._entries.get((pod_uid, container))
+
+    def in_use(self) -> set[str]:
+        with self._lock:
+            return {d for e in self._entries.values() for d in e.device_ids}
+
+    def pick(self, pod_uid: str, count: int, healthy: Sequence[str], rng: random.Random) -> list[str]:
+        """Devices for one container: this pod's reusable init-container devices first, then free ones."""
+        with self._lock:
+            reuse = sorted(self._reusable.get(pod_uid, set()))
+            chosen = reuse[:count]
+            if len(chosen) < count:
+                used = self.in_use()
+                free = [d for d in healthy if d not in used]
+                if len(free) < count - len(chosen):
+                    raise Unavailable(
+                        f"requested number of devices unavailable for {self.resource}. Requested: {count}, "
+                        f"Available: {len(free) + len(chosen)}"
+                    )
+                chosen += rng.sample(free, count - len(chosen))
+            return chosen
+
+    def record(self, entry: Entry, init: bool, restartable: bool) -> None:
+        """After Allocate returned: hold the devices; an init container's become reusable by its pod."""
+        with self._lock:
+            self._entries[(entry.pod_uid, entry.container)] = entry
+            self._names[entry.pod_uid] = (entry.namespace, entry.pod_name)
+            reuse = self._reusable.setdefault(entry.pod_uid, set())
+            if init and not restartable:
+                reuse.update(entry.device_ids)
+            else:
+                reuse.difference_update(entry.device_ids)
+            self.save()
+
+    def release(self, pod_uid: str) -> bool:
+        with self._lock:
+            keys = [k for k in self._entries if k[0] == pod_uid]
+            for key in keys:
+                del self._entries[key]
+            self._reusable.pop(pod_uid, None)
+            self._names.pop(pod_uid, None)
+            if keys:
+                self.save()
+            return bool(keys)
+
+    def by_pod(self) -> dict[str, list[Entry]]:
+        with self._lock:
+            out: dict[str, list[Entry]] = {}
+            for entry in self._entries.values():
+                out.setdefault(entry.pod_uid, []).append(entry)
+            return out
+
+    # -- checkpoint: the kubelet_internal_checkpoint JSON layout -------------------------------------------
+
+    def checkpoint(self) -> dict[str, object]:
+        with self._lock:
+            data = {
+                "PodDeviceEntries": [
+                    {
+                        "PodUID": e.pod_uid,
+                        "ContainerName": e.container,
+                        "ResourceName": e.resource,
+                        "DeviceIDs": {"-1": list(e.device_ids)},
+                        "AllocResp": base64.b64encode(e.response).decode(),
+                    }
+                    for e in self._entries.values()
+                ],
+                "RegisteredDevices": {self.resource: list(self.registered)},
+            }
+        # The real checksum hashes Go's printed form of Data; FNV-32a over canonical JSON is the stand-in.
+        checksum = fnv32a(json.dumps(data, sort_keys=True).encode())
+        return {"Data": data, "Checksum": checksum}
+
+    def save(self) -> None:
+        doc = self.checkpoint()
+        tmp = self.checkpoint_path + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as fh:
+            json.dump(doc, fh)
+        os.replace(tmp, self.checkpoint_path)
+
+    def load(self, names: dict[str, tuple[str, str]]) -> None:
+        """Re-read the checkpoint after a restart; pod names come from the API server (the file has UIDs only)."""
+        with self._lock:
+            self._entries.clear()
+            try:
+                with open(self.checkpoint_path, encoding="utf-8") as fh:
+                    doc = json.load(fh)
+            except FileNotFoundError:
+                return
+            for item in doc["Data"]["PodDeviceEntries"]:
+                uid = item["PodUID"]
+                namespace, name = names.get(uid) or self._names.get(uid) or ("", "")
+                ids = tuple(d for group in item["DeviceIDs"].values() for d in group)
+                entry = Entry(uid, namespace, name, item["ContainerName"], item["ResourceName"], ids,
+                              base64.b64decode(item["AllocResp"]))
+                self._entries[(uid, entry.container)] = entry
+            self.registered = list(doc["Data"]["RegisteredDevices"].get(self.resource, []))

@@ -1,0 +1,232 @@
+"""The simulated kubelet's gRPC side: the Registration and PodResources servers and a device-plugin client."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+import threading
+from collections.abc import Callable, Iterator
+from concurrent import futures
+from dataclasses import dataclass, field
+
+import grpc
+
+from deviceplugin.api import deviceplugin_pb2 as dp
+from deviceplugin.api import podresources_pb2 as pr
+from tests.sim.devices import DeviceState
+
+VERSION = "v1beta1"
+
+
+def go_code(code: grpc.StatusCode) -> str:
+    """grpc-go's spelling of a status code, as it appears in `rpc error: code = X desc = ...`."""
+    return "".join(part.capitalize() for part in code.name.split("_"))
+
+
+def rpc_error_text(exc: grpc.RpcError) -> str:
+    if isinstance(exc, grpc.Call):
+        return f"rpc error: code = {go_code(exc.code())} desc = {exc.details()}"
+    return f"rpc error: {exc}"
+
+
+@dataclass
+class PluginConn:
+    """A registered plugin endpoint: its channel, options and the latest full ListAndWatch device list."""
+
+    endpoint: str
+    resource: str
+    channel: grpc.Channel
+    options: dp.DevicePluginOptions
+    devices: dict[str, str] = field(default_factory=dict)
+    cancel: Callable[[], object] | None = None
+
+    def healthy(self) -> list[str]:
+        return [d for d, health in self.devices.items() if health == "Healthy"]
+
+    def allocate(self, device_ids: list[str], timeout: float) -> dp.AllocateResponse:
+        call = self.channel.unary_unary(
+            "/v1beta1.DevicePlugin/Allocate",
+            request_serializer=dp.AllocateRequest.SerializeToString,
+            response_deserializer=dp.AllocateResponse.FromString,
+        )
+        request = dp.AllocateRequest(container_requests=[dp.ContainerAllocateRequest(devices_ids=device_ids)])
+        response: dp.AllocateResponse = call(request, timeout=timeout)
+        return response
+
+    def pre_start(self, device_ids: list[str], timeout: float) -> None:
+        call = self.channel.unary_unary(
+            "/v1beta1.DevicePlugin/PreStartContainer",
+            request_serializer=dp.PreStartContainerRequest.SerializeToString,
+            response_deserializer=dp.PreStartContainerResponse.FromString,
+        )
+        call(dp.PreStartContainerRequest(devices_ids=device_ids), timeout=timeout)
+
+
+def remove_sockets(directory: str) -> None:
+    """What a restarting kubelet does to the device-plugin directory: every socket goes, other files stay."""
+    for name in os.listdir(directory):
+        path = os.path.join(directory, name)
+        with contextlib.suppress(FileNotFoundError):
+            if stat.S_ISSOCK(os.lstat(path).st_mode):
+                os.unlink(path)
+
+
+class RegistrationServer:
+    """`/v1beta1.Registration/Register` on kubelet.sock; each registration connects to the plugin and watches it."""
+
+    def __init__(self, plugin_dir: str, resource: str, on_devices: Callable[[PluginConn | None], None]) -> None:
+        self.plugin_dir = plugin_dir
+        self.resource = resource
+        self.on_devices = on_devices
+        self.conn: PluginConn | None = None
+        self.registrations = 0
+        self._lock = threading.Lock()
+        self._server: grpc.Server | None = None
+
+    def start(self) -> None:
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="sim-kubelet-reg"))
+        handler = grpc.method_handlers_generic_handler(
+            "v1beta1.Registration",
+            {
+                "Register": grpc.unary_unary_rpc_method_handler(
+                    self._register,
+                    request_deserializer=dp.RegisterRequest.FromString,
+                    response_serializer=dp.Empty.SerializeToString,
+                )
+            },
+        )
+        server.add_generic_rpc_handlers((handler,))
+        server.add_insecure_port("unix://" + os.path.join(self.plugin_dir, "kubelet.sock"))
+        server.start()
+        self._server = server
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.stop(0).wait(5)
+            self._server = None
+        with self._lock:
+            conn, self.conn = self.conn, None
+        if conn is not None:
+            if conn.cancel is not None:
+                conn.cancel()
+            conn.channel.close()
+
+    def _register(self, request: dp.RegisterRequest, context: grpc.ServicerContext) -> dp.Empty:
+        if request.version != VERSION:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"unsupported device plugin API version {request.version}")
+        if request.resource_name != self.resource:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"this kubelet expects {self.resource}, not "
+                          f"{request.resource_name}")
+        path = os.path.join(self.plugin_dir, request.endpoint)
+        threading.Thread(target=self._connect, args=(request, path), name="sim-kubelet-plugin", daemon=True).start()
+        return dp.Empty()
+
+    def _connect(self, request: dp.RegisterRequest, path: str) -> None:
+        channel = grpc.insecure_channel("unix://" + path)
+        try:
+            options: dp.DevicePluginOptions = channel.unary_unary(
+                "/v1beta1.DevicePlugin/GetDevicePluginOptions",
+                request_serializer=dp.Empty.SerializeToString,
+                response_deserializer=dp.DevicePluginOptions.FromString,
+            )(dp.Empty(), timeout=10)
+            stream_call = channel.unary_stream(
+                "/v1beta1.DevicePlugin/ListAndWatch",
+                request_serializer=dp.Empty.SerializeToString,
+                response_deserializer=dp.ListAndWatchResponse.FromString,
+            )
+            responses = stream_call(dp.Empty())
+        except grpc.RpcError:
+            channel.close()
+            return
+        conn = PluginConn(request.endpoint, request.resource_name, channel, options)
+        conn.cancel = responses.cancel
+        with self._lock:
+            old, self.conn = self.conn, conn
+            self.registrations += 1
+        if old is not None:
+            if old.cancel is not None:
+                old.cancel()
+            old.channel.close()
+        try:
+            for message in responses:
+                conn.devices = {d.ID: d.health for d in message.devices}
+                if self.conn is conn:
+                    self.on_devices(conn)
+        except grpc.RpcError:
+            pass
+        with self._lock:
+            gone = self.conn is conn
+            if gone:
+                self.conn = None
+        if gone:
+            self.on_devices(None)
+        channel.close()
+
+
+class PodResourcesServer:
+    """`v1.PodResourcesLister` on its own socket, from the device state (no rate limit in the simulation)."""
+
+    def __init__(self, socket_path: str, state: DeviceState, allocatable: Callable[[], list[str]]) -> None:
+        self.socket_path = socket_path
+        self.state = state
+        self.allocatable = allocatable
+        self._server: grpc.Server | None = None
+
+    def start(self) -> None:
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="sim-kubelet-podres"))
+        handlers = {
+            "List": grpc.unary_unary_rpc_method_handler(
+                self._list, request_deserializer=pr.ListPodResourcesRequest.FromString,
+                response_serializer=pr.ListPodResourcesResponse.SerializeToString),
+            "Get": grpc.unary_unary_rpc_method_handler(
+                self._get, request_deserializer=pr.GetPodResourcesRequest.FromString,
+                response_serializer=pr.GetPodResourcesResponse.SerializeToString),
+            "GetAllocatableResources": grpc.unary_unary_rpc_method_handler(
+                self._allocatable, request_deserializer=pr.AllocatableResourcesRequest.FromString,
+                response_serializer=pr.AllocatableResourcesResponse.SerializeToString),
+        }
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("v1.PodResourcesLister", handlers),))
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.socket_path)
+        server.add_insecure_port("unix://" + self.socket_path)
+        server.start()
+        self._server = server
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.stop(0).wait(5)
+            self._server = None
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.socket_path)
+
+    def _pods(self) -> Iterator[pr.PodResources]:
+        for entries in self.state.by_pod().values():
+            first = entries[0]
+            yield pr.PodResources(
+                name=first.pod_name,
+                namespace=first.namespace,
+                containers=[
+                    pr.ContainerResources(
+                        name=e.container,
+                        devices=[pr.ContainerDevices(resource_name=e.resource, device_ids=list(e.device_ids))],
+                    )
+                    for e in entries
+                ],
+            )
+
+    def _list(self, request: pr.ListPodResourcesRequest, context: grpc.ServicerContext) -> pr.ListPodResourcesResponse:
+        return pr.ListPodResourcesResponse(pod_resources=list(self._pods()))
+
+    def _get(self, request: pr.GetPodResourcesRequest, context: grpc.ServicerContext) -> pr.GetPodResourcesResponse:
+        for pod in self._pods():
+            if pod.name == request.pod_name and pod.namespace == request.pod_namespace:
+                return pr.GetPodResourcesResponse(pod_resources=pod)
+        context.abort(grpc.StatusCode.NOT_FOUND, f"pod {request.pod_namespace}/{request.pod_name} not found")
+        raise AssertionError("unreachable")
+
+    def _allocatable(
+        self, request: pr.AllocatableResourcesRequest, context: grpc.ServicerContext
+    ) -> pr.AllocatableResourcesResponse:
+        devices = [pr.ContainerDevices(resource_name=self.state.resource, device_ids=self.allocatable())]
+        return pr.AllocatableResourcesResponse(devices=devices)

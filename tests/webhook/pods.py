@@ -1,0 +1,92 @@
+"""Pod and AdmissionReview builders shared by the webhook tests."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jsonpatch
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from webhook.mutate import mutate
+from webhook.protocol import DEFAULT_RESOURCE, Contract
+
+RES = DEFAULT_RESOURCE
+NS = "ml"
+KEY = Ed25519PrivateKey.generate()
+OTHER_KEY = Ed25519PrivateKey.generate()
+EXTENDER = "system:serviceaccount:kube-system:gpushare-schd-extender"
+PLUGIN = "system:serviceaccount:gpushare-system:gpushare-device-plugin"
+USER = "alice"
+
+Pod = dict[str, Any]
+
+
+def container(name: str, units: object = None, *, env: list[dict[str, Any]] | None = None,
+              restart: str | None = None) -> dict[str, Any]:
+    c: dict[str, Any] = {"name": name, "image": "cuda:12"}
+    if units is not None:
+        c["resources"] = {"limits": {RES: units}}
+    if env is not None:
+        c["env"] = env
+    if restart:
+        c["restartPolicy"] = restart
+    return c
+
+
+def pod(*containers: dict[str, Any], inits: list[dict[str, Any]] | None = None,
+        annotations: Mapping[str, str] | None = None, name: str | None = "job-0", node: str | None = None) -> Pod:
+    meta: dict[str, Any] = {"namespace": NS}
+    if name:
+        meta["name"] = name
+    else:
+        meta["generateName"] = "job-"
+    if annotations is not None:
+        meta["annotations"] = dict(annotations)
+    spec: dict[str, Any] = {"containers": list(containers)}
+    if inits is not None:
+        spec["initContainers"] = inits
+    if node:
+        spec["nodeName"] = node
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
+
+
+def counter(prefix: str = "alloc") -> Callable[[], str]:
+    numbers = itertools.count(1)
+    return lambda: f"{prefix}-{next(numbers)}"
+
+
+def stamped(p: Pod, contract: Contract | None = None, *, key: Ed25519PrivateKey = KEY, namespace: str = NS) -> Pod:
+    """The pod as the mutating webhook leaves it."""
+    ops = mutate(p, namespace, contract or Contract(), key, counter())
+    out: Pod = jsonpatch.apply_patch(copy.deepcopy(p), ops)
+    return out
+
+
+def annotate(p: Pod, changes: Mapping[str, str | None]) -> Pod:
+    out = copy.deepcopy(p)
+    annotations = out["metadata"].setdefault("annotations", {})
+    for key, value in changes.items():
+        if value is None:
+            annotations.pop(key, None)
+        else:
+            annotations[key] = value
+    return out
+
+
+def review(operation: str, obj: Pod, old: Pod | None = None, *, user: str = USER, uid: str = "uid-1",
+           namespace: str = NS) -> dict[str, Any]:
+    request: dict[str, Any] = {
+        "uid": uid,
+        "kind": {"group": "", "version": "v1", "kind": "Pod"},
+        "resource": {"group": "", "version": "v1", "resource": "pods"},
+        "namespace": namespace,
+        "operation": operation,
+        "userInfo": {"username": user, "groups": ["system:authenticated"]},
+        "object": obj,
+        "oldObject": old,
+        "dryRun": False,
+    }
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request}

@@ -1,0 +1,156 @@
+"""The Flask views: reviews in and out, 400 for malformed bodies, a well-formed denial for internal errors."""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import json
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import jsonpatch
+import pytest
+from flask.testing import FlaskClient
+
+from certs.build import dev_bundle
+from certs.cli import write_files
+from tests.webhook.pods import EXTENDER, container, counter, pod, review
+from webhook.app import create_app
+from webhook.protocol import IDX
+from webhook.settings import Settings, settings_from
+
+NOW = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
+
+
+@pytest.fixture(scope="module")
+def cert_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("certs")
+    write_files(out, dev_bundle(NOW))
+    return out
+
+
+def settings_for(cert_dir: Path, **extra: str) -> Settings:
+    return settings_from({
+        "GPUSHARE_TLS_CERT": str(cert_dir / "tls.crt"),
+        "GPUSHARE_TLS_KEY": str(cert_dir / "tls.key"),
+        "GPUSHARE_SIGNING_KEY": str(cert_dir / "signing.key"),
+        "GPUSHARE_MAX_BODY_BYTES": "65536",
+        **extra,
+    })
+
+
+@pytest.fixture
+def client(cert_dir: Path) -> Iterator[FlaskClient]:
+    app = create_app(settings_for(cert_dir), new_id=counter())
+    with app.test_client() as c:
+        yield c
+
+
+def post(client: FlaskClient, path: str, doc: Any) -> tuple[int, Any]:
+    res = client.post(path, data=json.dumps(doc), content_type="application/json")
+    return res.status_code, res.get_json(silent=True) if res.is_json else res.get_data(as_text=True)
+
+
+def test_mutate_then_validate_a_gpu_pod(client: FlaskClient) -> None:
+    spec = pod(container("a", 2), name=None)
+    status, answer = post(client, "/mutate", review("CREATE", spec, uid="u-42"))
+    assert status == 200
+    assert answer["apiVersion"] == "admission.k8s.io/v1"
+    assert answer["kind"] == "AdmissionReview"
+    assert answer["response"]["uid"] == "u-42"
+    assert answer["response"]["allowed"] is True
+    assert answer["response"]["patchType"] == "JSONPatch"
+    patched = jsonpatch.apply_patch(spec, json.loads(base64.b64decode(answer["response"]["patch"])))
+    status, verdict = post(client, "/validate", review("CREATE", patched, uid="u-43"))
+    assert (status, verdict["response"]) == (200, {"uid": "u-43", "allowed": True})
+    assigned = json.loads(json.dumps(patched))
+    assigned["metadata"]["annotations"].update({IDX: "0", "ALIYUN_COM_GPU_MEM_DEV": "8", "ALIYUN_COM_GPU_MEM_POD": "2"})
+    status, verdict = post(client, "/validate", review("UPDATE", assigned, old=patched, user=EXTENDER))
+    assert verdict["response"]["allowed"] is True
+    status, verdict = post(client, "/validate", review("UPDATE", assigned, old=patched, user="mallory"))
+    assert verdict["response"]["allowed"] is False
+    assert verdict["response"]["status"]["code"] == 403
+    assert f"Annotation {IDX} was added by mallory" in verdict["response"]["status"]["message"]
+
+
+def test_pod_without_gpu_gets_no_patch(client: FlaskClient) -> None:
+    status, answer = post(client, "/mutate", review("CREATE", pod(container("a"))))
+    assert (status, answer["response"]) == (200, {"uid": "uid-1", "allowed": True})
+
+
+@pytest.mark.parametrize("path", ["/mutate", "/validate"])
+@pytest.mark.parametrize(
+    ("raw", "fragment"),
+    [
+        (b"nope", "not JSON"),
+        (json.dumps({"apiVersion": "v1", "kind": "Pod"}).encode(), "answers only admission.k8s.io/v1"),
+        (json.dumps(review("CREATE", pod())).replace('"uid-1"', '""').encode(), "has no uid"),
+        (b"x" * 70000, "over the 65536-byte limit"),
+    ],
+)
+def test_malformed_bodies_get_400_with_one_line(client: FlaskClient, path: str, raw: bytes, fragment: str) -> None:
+    res = client.post(path, data=raw, content_type="application/json")
+    assert res.status_code == 400
+    text = res.get_data(as_text=True)
+    assert fragment in text
+    assert text.count("\n") == 1
+    assert "Traceback" not in text
+
+
+@pytest.mark.parametrize("path", ["/mutate", "/validate"])
+def test_internal_error_is_still_a_well_formed_denial(
+    cert_dir: Path, path: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken_ids() -> str:
+        raise RuntimeError("id source exhausted")
+
+    app = create_app(settings_for(cert_dir), new_id=broken_ids)
+    odd = pod(container("a", 2))
+    if path == "/validate":
+        odd["spec"]["containers"].append("not-a-container")
+    with app.test_client() as c, caplog.at_level(logging.ERROR):
+        status, answer = post(c, path, review("CREATE", odd, uid="u-err"))
+    assert status == 200
+    assert answer["response"]["uid"] == "u-err"
+    assert answer["response"]["allowed"] is False
+    assert answer["response"]["status"]["code"] == 500
+    assert "because of an internal error" in answer["response"]["status"]["message"]
+    assert "ml/job-0 uid=u-err" in caplog.text
+
+
+def test_admission_log_lines_name_the_pod_and_uid(client: FlaskClient, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger="webhook.app"):
+        post(client, "/mutate", review("CREATE", pod(container("a", 1), name=None), uid="u-log"))
+    assert "mutate ml/job-<generated> uid=u-log ops=2" in caplog.text
+
+
+def test_health_and_readiness(client: FlaskClient) -> None:
+    assert client.get("/healthz").status_code == 200
+    assert client.get("/readyz").get_data(as_text=True) == "ok\n"
+
+
+@pytest.mark.parametrize(
+    ("missing", "fragment"),
+    [("signing.key", "the signing key"), ("tls.crt", "the TLS certificate")],
+)
+def test_not_ready_without_key_or_certificate(cert_dir: Path, tmp_path: Path, missing: str, fragment: str) -> None:
+    for name in ("tls.crt", "tls.key", "signing.key"):
+        if name != missing:
+            (tmp_path / name).write_bytes((cert_dir / name).read_bytes())
+    app = create_app(settings_for(tmp_path))
+    res = app.test_client().get("/readyz")
+    assert res.status_code == 503
+    assert fragment in res.get_data(as_text=True)
+    # A key mounted later is picked up without a restart.
+    (tmp_path / missing).write_bytes((cert_dir / missing).read_bytes())
+    assert app.test_client().get("/readyz").status_code == 200
+
+
+def test_mutate_without_signing_key_denies_with_the_reason(tmp_path: Path) -> None:
+    app = create_app(settings_for(tmp_path))
+    status, answer = post(app.test_client(), "/mutate", review("CREATE", pod(container("a", 1))))
+    assert status == 200
+    assert answer["response"]["allowed"] is False
+    assert "GPUSHARE_SIGNING_KEY" in answer["response"]["status"]["message"]

@@ -1,0 +1,90 @@
+"""AdmissionReview v1 parsing (malformed bodies name their defect) and the one response builder."""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+import pytest
+
+from tests.webhook.pods import container, pod, review
+from webhook.review import API_VERSION, KIND, MalformedReview, parse_review, respond, username
+
+LIMIT = 1 << 20
+
+
+def body(doc: Any) -> bytes:
+    return json.dumps(doc).encode()
+
+
+def broken(**request_changes: Any) -> bytes:
+    doc = review("CREATE", pod(container("a", 1)))
+    for key, value in request_changes.items():
+        if value is None:
+            doc["request"].pop(key, None)
+        else:
+            doc["request"][key] = value
+    return body(doc)
+
+
+@pytest.mark.parametrize(
+    ("raw", "fragment"),
+    [
+        (b"{not json", "the request body is not JSON"),
+        (b"\xff\xfe", "the request body is not JSON"),
+        (b"[]", "is not a JSON object"),
+        (body({**review("CREATE", pod()), "apiVersion": "admission.k8s.io/v1beta1"}), "answers only admission"),
+        (body({**review("CREATE", pod()), "kind": "Pod"}), "kind 'Pod'"),
+        (body({"apiVersion": API_VERSION, "kind": KIND}), "has no request object"),
+        (broken(uid=None), "request has no uid"),
+        (broken(uid=""), "request has no uid"),
+        (broken(kind={"group": "apps", "version": "v1", "kind": "Deployment"}), "not a core/v1 Pod"),
+        (broken(operation="DELETE"), "is a 'DELETE' operation"),
+        (broken(object=None), "has no object"),
+        (broken(operation="UPDATE"), "UPDATE without oldObject"),
+        (body(review("CREATE", {"spec": {}}, namespace="")), "names no namespace"),
+        (b" " * (LIMIT + 1), "over the 1048576-byte limit"),
+    ],
+)
+def test_malformed_reviews_say_what_is_wrong_on_one_line(raw: bytes, fragment: str) -> None:
+    with pytest.raises(MalformedReview) as caught:
+        parse_review(raw, LIMIT)
+    assert fragment in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+def test_parse_keeps_what_the_webhook_reads() -> None:
+    p = pod(container("a", 1), name=None)
+    del p["metadata"]["namespace"]
+    doc = review("UPDATE", p, old=p, user="system:serviceaccount:x:y")
+    doc["request"]["dryRun"] = True
+    req = parse_review(body(doc), LIMIT)
+    assert (req["uid"], req["namespace"], req["operation"], req["dryRun"]) == ("uid-1", "ml", "UPDATE", True)
+    assert username(req) == "system:serviceaccount:x:y"
+    assert req["object"] == p
+    assert req["oldObject"] == p
+
+
+def test_missing_user_info_reads_as_no_username() -> None:
+    assert username(parse_review(broken(userInfo=None), LIMIT)) == ""
+
+
+def test_allowed_response_without_patch_has_no_patch_type() -> None:
+    assert respond("u-1") == {"apiVersion": API_VERSION, "kind": KIND, "response": {"uid": "u-1", "allowed": True}}
+
+
+def test_allowed_response_with_patch_is_base64_json_patch() -> None:
+    ops = [{"op": "add", "path": "/metadata/annotations", "value": {"a": "b"}}]
+    out = respond("u-2", patch=ops)["response"]
+    assert out["patchType"] == "JSONPatch"
+    assert json.loads(base64.b64decode(out["patch"])) == ops
+
+
+def test_denial_carries_code_and_message_and_never_a_patch() -> None:
+    out = respond("u-3", allowed=False, message="No.", patch=[{"op": "add", "path": "/x", "value": 1}])["response"]
+    assert out == {"uid": "u-3", "allowed": False, "status": {"code": 403, "message": "No."}}
+
+
+def test_warnings_are_passed_through() -> None:
+    assert respond("u-4", warnings=["careful"])["response"]["warnings"] == ["careful"]

@@ -1,0 +1,240 @@
+"""The API server, seen by the plugin: a watch cache of this node's pods, fresh reads, patches and Events.
+
+The only module that imports the `kubernetes` client. Pods are plain dicts in the API's own JSON shape.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import threading
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+log = logging.getLogger(__name__)
+
+COMPONENT = "gpushare-device-plugin"
+
+
+class ApiServerError(Exception):
+    """The API server could not be reached or refused a request; the text says which and why."""
+
+
+class Conflict(ApiServerError):
+    """The object changed since it was read (HTTP 409): read it again and retry."""
+
+
+class ApiServer(Protocol):
+    """What the plugin needs from the API server (tests use an in-memory fake of exactly this)."""
+
+    def node_pods(self) -> list[dict[str, Any]]:
+        """This node's pods from the watch cache (may lag behind by a moment)."""
+        ...
+
+    def list_node_pods(self) -> list[dict[str, Any]]:
+        """This node's pods, freshly listed."""
+        ...
+
+    def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The pod read fresh, or None when it does not exist."""
+        ...
+
+    def patch_pod_annotations(
+        self, namespace: str, name: str, annotations: Mapping[str, str], resource_version: str
+    ) -> dict[str, Any]:
+        """Set these annotations if the pod is still at resource_version (else raise Conflict)."""
+        ...
+
+    def create_event(self, pod: Mapping[str, Any], event_type: str, reason: str, message: str) -> None: ...
+
+    def patch_node_capacity(self, capacity: Mapping[str, str]) -> None: ...
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def event_body(pod: Mapping[str, Any], event_type: str, reason: str, message: str, node: str) -> dict[str, Any]:
+    meta = pod.get("metadata") or {}
+    now = _now()
+    return {
+        "metadata": {"generateName": f"{meta.get('name', 'pod')}.", "namespace": meta.get("namespace")},
+        "involvedObject": {
+            "apiVersion": "v1", "kind": "Pod", "name": meta.get("name"), "namespace": meta.get("namespace"),
+            "uid": meta.get("uid"), "resourceVersion": meta.get("resourceVersion"),
+        },
+        "reason": reason,
+        "message": message[:1024],  # Event messages are truncated by the API server beyond 1 KiB anyway
+        "type": event_type,
+        "source": {"component": COMPONENT, "host": node},
+        "reportingComponent": COMPONENT,
+        "reportingInstance": node,
+        "firstTimestamp": now,
+        "lastTimestamp": now,
+        "count": 1,
+    }
+
+
+class KubeApiServer:
+    """ApiServer over the kubernetes client: in-cluster config, or a kubeconfig file (GPUSHARE_KUBECONFIG)."""
+
+    def __init__(self, node_name: str, kubeconfig: str, timeout: float) -> None:
+        from kubernetes import client, config
+
+        configuration = client.Configuration()
+        if kubeconfig:
+            config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)  # type: ignore[no-untyped-call]
+        else:
+            config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+        self._client = client
+        self._api_client = client.ApiClient(configuration)
+        self._core = client.CoreV1Api(self._api_client)
+        self.node_name = node_name
+        self.timeout = timeout
+        self._selector = f"spec.nodeName={node_name}"
+        self._cache: dict[str, dict[str, Any]] = {}
+        self._synced = threading.Event()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._response: Any = None
+        self._thread = threading.Thread(target=self._watch_loop, name="pod-watch", daemon=True)
+
+    # -- lifecycle -------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        response = self._response
+        if response is not None:
+            try:
+                response.close()
+            except Exception:  # closing a half-read stream may raise from urllib3; nothing to do
+                log.debug("closing the pod watch stream failed", exc_info=True)
+        self._thread.join(timeout=5)
+        self._api_client.close()  # type: ignore[no-untyped-call]
+
+    # -- reads -----------------------------------------------------------------------------------------
+
+    def node_pods(self) -> list[dict[str, Any]]:
+        if not self._synced.is_set():
+            return self.list_node_pods()
+        with self._lock:
+            return list(self._cache.values())
+
+    def _list(self) -> dict[str, Any]:
+        response = self._call(
+            "list this node's pods", self._core.list_pod_for_all_namespaces, field_selector=self._selector
+        )
+        return json.loads(response.data)  # type: ignore[no-any-return]
+
+    def list_node_pods(self) -> list[dict[str, Any]]:
+        return list(self._list().get("items") or [])
+
+    def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            response = self._call(f"read pod {namespace}/{name}", self._core.read_namespaced_pod, name, namespace)
+        except _NotFound:
+            return None
+        return json.loads(response.data)  # type: ignore[no-any-return]
+
+    # -- writes ----------------------------------------------------------------------------------------
+
+    def patch_pod_annotations(
+        self, namespace: str, name: str, annotations: Mapping[str, str], resource_version: str
+    ) -> dict[str, Any]:
+        # A merge patch carrying metadata.resourceVersion is refused with 409 if the pod changed since.
+        body = {"metadata": {"resourceVersion": resource_version, "annotations": dict(annotations)}}
+        try:
+            response = self._call(
+                f"patch the annotations of pod {namespace}/{name}", self._core.patch_namespaced_pod, name, namespace,
+                body, _content_type="application/merge-patch+json",
+            )
+        except _NotFound as exc:
+            raise ApiServerError(f"pod {namespace}/{name} no longer exists") from exc
+        return json.loads(response.data)  # type: ignore[no-any-return]
+
+    def create_event(self, pod: Mapping[str, Any], event_type: str, reason: str, message: str) -> None:
+        body = event_body(pod, event_type, reason, message, self.node_name)
+        event = self._client.CoreV1Event.from_dict(body)
+        namespace = str(body["metadata"]["namespace"])
+        try:
+            self._call(f"post an Event on pod {namespace}", self._core.create_namespaced_event, namespace, event)
+        except ApiServerError as exc:
+            log.warning("could not post the %s Event %s: %s", event_type, reason, exc)
+
+    def patch_node_capacity(self, capacity: Mapping[str, str]) -> None:
+        body = {"status": {"capacity": dict(capacity)}}
+        self._call(
+            f"patch the capacity of node {self.node_name}", self._core.patch_node_status, self.node_name, body,
+            _content_type="application/merge-patch+json",
+        )
+
+    # -- plumbing --------------------------------------------------------------------------------------
+
+    def _call(self, what: str, method: Any, *args: Any, **kwargs: Any) -> Any:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            return method(*args, _preload_content=False, _request_timeout=self.timeout, **kwargs)
+        except ApiException as exc:
+            if exc.status == 404:
+                raise _NotFound(what) from exc
+            if exc.status == 409:
+                raise Conflict(f"could not {what}: it changed meanwhile (409 Conflict)") from exc
+            raise ApiServerError(f"could not {what}: HTTP {exc.status} {exc.reason}: {(exc.body or '')[:300]}") from exc
+        except Exception as exc:  # urllib3 and ssl errors have no common base worth naming
+            raise ApiServerError(f"could not {what}: {exc}") from exc
+
+    def _watch_loop(self) -> None:
+        from kubernetes.watch.watch import iter_resp_lines
+
+        backoff = 0.5
+        while not self._stop.is_set():
+            try:
+                listing = self._list()
+                with self._lock:
+                    self._cache = {p["metadata"]["uid"]: p for p in listing.get("items") or []}
+                self._synced.set()
+                version = str((listing.get("metadata") or {}).get("resourceVersion") or "")
+                while not self._stop.is_set():
+                    self._response = self._core.list_pod_for_all_namespaces(
+                        field_selector=self._selector, watch=True, resource_version=version,
+                        allow_watch_bookmarks=True, timeout_seconds=240, _preload_content=False,
+                        _request_timeout=(self.timeout, 300),
+                    )
+                    for line in iter_resp_lines(self._response):  # type: ignore[no-untyped-call]
+                        version = self._apply(json.loads(line)) if line else version
+                backoff = 0.5
+            except _Expired:
+                log.info("the pod watch expired; listing this node's pods again")
+            except Exception as exc:
+                if self._stop.is_set():
+                    break
+                self._synced.clear()  # serve fresh lists until the watch is back
+                log.warning("watching this node's pods failed (%s); retrying in %.1f s", exc, backoff)
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 30.0)
+
+    def _apply(self, event: Mapping[str, Any]) -> str:
+        kind = event.get("type")
+        obj = event.get("object") or {}
+        if kind == "ERROR":
+            raise _Expired()
+        meta = obj.get("metadata") or {}
+        with self._lock:
+            if kind in ("ADDED", "MODIFIED"):
+                self._cache[meta["uid"]] = obj
+            elif kind == "DELETED":
+                self._cache.pop(meta.get("uid", ""), None)
+        return str(meta.get("resourceVersion") or "")
+
+
+class _NotFound(ApiServerError):
+    pass
+
+
+class _Expired(Exception):
+    pass

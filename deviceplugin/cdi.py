@@ -1,0 +1,78 @@
+"""CDI spec files on the node's filesystem: atomic writes (temp file + rename), listing and removal."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import re
+import tempfile
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+PREFIX = "gpushare-"
+_NAME_RE = re.compile(r"^gpushare-([0-9a-f]{16})\.json$")
+
+
+class CdiStore:
+    """Our spec files in the CDI directory, one per slot; other files there are never touched."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+
+    def path_for(self, slot: str) -> str:
+        return os.path.join(self.directory, f"{PREFIX}{slot}.json")
+
+    def write(self, slot: str, spec: Mapping[str, Any]) -> str:
+        """Write the spec so that a reader sees either the old file or the whole new one: containerd and
+        CRI-O refresh the CDI registry right before they inject the device at container creation."""
+        os.makedirs(self.directory, exist_ok=True)
+        path = self.path_for(slot)
+        fd, temp = tempfile.mkstemp(dir=self.directory, prefix=".gpushare-", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w") as out:
+                json.dump(spec, out, indent=2, sort_keys=True)
+                out.flush()
+                os.fsync(out.fileno())
+            os.chmod(temp, 0o644)
+            os.replace(temp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(temp)
+            raise
+        return path
+
+    def read(self, slot: str) -> dict[str, Any] | None:
+        try:
+            with open(self.path_for(slot)) as handle:
+                doc = json.load(handle)
+        except (OSError, ValueError):
+            return None
+        return doc if isinstance(doc, dict) else None
+
+    def slots(self) -> dict[str, float]:
+        """slot -> modification time of its spec file."""
+        out: dict[str, float] = {}
+        try:
+            names = os.listdir(self.directory)
+        except FileNotFoundError:
+            return out
+        for name in names:
+            match = _NAME_RE.match(name)
+            if match:
+                with contextlib.suppress(OSError):
+                    out[match.group(1)] = os.stat(os.path.join(self.directory, name)).st_mtime
+        return out
+
+    def remove(self, slot: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path_for(slot))
+            log.info("removed the CDI spec of slot %s, whose devices the kubelet no longer assigns", slot)
+
+
+def present(paths: Sequence[str]) -> list[str]:
+    """The paths among these that exist on this node (device nodes differ between drivers)."""
+    return [p for p in paths if os.path.exists(p)]

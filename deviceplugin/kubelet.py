@@ -1,0 +1,151 @@
+"""The kubelet's sockets and files: registration, restart watch, PodResources client and checkpoint reader."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+
+import grpc
+
+from deviceplugin.api import deviceplugin_pb2, deviceplugin_pb2_grpc, podresources_pb2, podresources_pb2_grpc
+from deviceplugin.resolve import Holding, holdings_from_checkpoint
+
+log = logging.getLogger(__name__)
+
+API_VERSION = "v1beta1"
+# PodResources List is rate limited (100/s, burst 10): retry a RESOURCE_EXHAUSTED answer a few times.
+_EXHAUSTED_RETRIES = 5
+_EXHAUSTED_PAUSE = 0.1
+
+
+class KubeletUnavailable(Exception):
+    """The kubelet cannot say which pod holds which devices right now; the text says why."""
+
+
+def register(kubelet_socket: str, endpoint: str, resource: str, options: deviceplugin_pb2.DevicePluginOptions,
+             timeout: float) -> None:
+    """Register with the kubelet; the plugin must already be serving on `endpoint`."""
+    with grpc.insecure_channel("unix://" + kubelet_socket) as channel:
+        stub = deviceplugin_pb2_grpc.RegistrationStub(channel)  # type: ignore[no-untyped-call]
+        request = deviceplugin_pb2.RegisterRequest(
+            version=API_VERSION, endpoint=endpoint, resource_name=resource, options=options
+        )
+        stub.Register(request, timeout=timeout, wait_for_ready=True)
+
+
+class KubeletHoldings:
+    """Who holds which devices of our resource: PodResources List, else the kubelet's checkpoint file."""
+
+    def __init__(self, pod_resources_socket: str, checkpoint: str, resource: str, timeout: float) -> None:
+        self.socket = pod_resources_socket
+        self.checkpoint = checkpoint
+        self.resource = resource
+        self.timeout = timeout
+        self._channel: grpc.Channel | None = None
+        self._lock = threading.Lock()
+
+    def holdings(self) -> list[Holding]:
+        try:
+            return self.from_pod_resources()
+        except KubeletUnavailable as first:
+            try:
+                return self.from_checkpoint()
+            except KubeletUnavailable as second:
+                raise KubeletUnavailable(f"{first}; and {second}") from second
+
+    def _stub(self) -> podresources_pb2_grpc.PodResourcesListerStub:
+        with self._lock:
+            if self._channel is None:
+                self._channel = grpc.insecure_channel("unix://" + self.socket)
+            return podresources_pb2_grpc.PodResourcesListerStub(self._channel)  # type: ignore[no-untyped-call]
+
+    def from_pod_resources(self) -> list[Holding]:
+        if not os.path.exists(self.socket):
+            raise KubeletUnavailable(f"the PodResources socket {self.socket} does not exist")
+        for attempt in range(_EXHAUSTED_RETRIES):
+            try:
+                response = self._stub().List(podresources_pb2.ListPodResourcesRequest(), timeout=self.timeout)
+                break
+            except grpc.RpcError as exc:
+                code = exc.code()
+                if code == grpc.StatusCode.RESOURCE_EXHAUSTED and attempt + 1 < _EXHAUSTED_RETRIES:
+                    time.sleep(_EXHAUSTED_PAUSE * (attempt + 1))
+                    continue
+                if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNIMPLEMENTED):
+                    self.close()  # the kubelet may have restarted: reconnect next time
+                raise KubeletUnavailable(f"PodResources List failed: {code.name} {exc.details()}") from exc
+        out: list[Holding] = []
+        for pod in response.pod_resources:
+            for container in pod.containers:
+                ids = [d for devices in container.devices if devices.resource_name == self.resource
+                       for d in devices.device_ids]
+                if ids:
+                    out.append(Holding(pod.namespace, pod.name, container.name, tuple(ids)))
+        return out
+
+    def from_checkpoint(self) -> list[Holding]:
+        try:
+            with open(self.checkpoint) as handle:
+                text = handle.read()
+        except OSError as exc:
+            raise KubeletUnavailable(f"the kubelet checkpoint {self.checkpoint} cannot be read ({exc})") from exc
+        try:
+            return holdings_from_checkpoint(text, self.resource)
+        except ValueError as exc:
+            raise KubeletUnavailable(str(exc)) from exc
+
+    def close(self) -> None:
+        with self._lock:
+            if self._channel is not None:
+                self._channel.close()
+                self._channel = None
+
+
+def _identity(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_ctime_ns)
+
+
+class RestartWatch:
+    """Calls `on_restart` when the kubelet restarts: its socket is recreated, or ours is deleted.
+
+    The kubelet deletes every socket in the device-plugin directory when it starts, then serves a new
+    kubelet.sock; the plugin must serve again and register again. Polled, as the reference plugins do.
+    """
+
+    def __init__(self, kubelet_socket: str, own_socket: str, on_restart: Callable[[], None], interval: float) -> None:
+        self.kubelet_socket = kubelet_socket
+        self.own_socket = own_socket
+        self.on_restart = on_restart
+        self.interval = interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="kubelet-watch", daemon=True)
+
+    def start(self, registered: bool = True) -> None:
+        """Start polling; when the first registration failed, register as soon as the kubelet answers."""
+        self._known = _identity(self.kubelet_socket) if registered else None
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            current = _identity(self.kubelet_socket)
+            if current is None:
+                continue  # the kubelet is down; register when its socket is back
+            if current != self._known or not os.path.exists(self.own_socket):
+                log.info("the kubelet restarted (its socket is new or ours is gone); serving and registering again")
+                try:
+                    self.on_restart()
+                    self._known = current
+                except Exception:
+                    log.exception("registering again with the kubelet failed; will retry")

@@ -1,0 +1,389 @@
+"""Exact resolution of device IDs to the pod that holds them, validation of that pod, and best-fit placement."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from deviceplugin.inventory import Gpu
+from webhook import signing
+from webhook.protocol import (
+    ASSIGNED,
+    DEV,
+    IDX,
+    Allocation,
+    Assignment,
+    ContainerSlot,
+    Contract,
+    Intent,
+    ProtocolError,
+    allocation_problems,
+    assignment_problems,
+    demand_of,
+    intent_mismatch,
+    parse_allocation,
+    parse_assignment,
+    parse_intent,
+    pod_ref,
+    read_annotations,
+)
+
+TERMINAL_PHASES = ("Succeeded", "Failed")
+
+
+def slot_of(device_ids: Iterable[str]) -> str:
+    """The slot of a device-ID set: stable whatever the order the kubelet lists the IDs in."""
+    return hashlib.sha256("\n".join(sorted(device_ids)).encode()).hexdigest()[:16]
+
+
+class Refusal(Exception):
+    """The plugin will not serve these devices; the text names the pod and container and says what to do."""
+
+    def __init__(self, message: str, reason: str = "GpuShareRefused") -> None:
+        super().__init__(message)
+        self.message = message
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class Holding:
+    """One container's devices of our resource, as the kubelet reports them (PodResources or checkpoint)."""
+
+    namespace: str
+    pod: str
+    container: str
+    device_ids: tuple[str, ...]
+    pod_uid: str = ""  # the checkpoint knows the UID only; PodResources knows namespace and name only
+
+
+@dataclass(frozen=True)
+class Owner:
+    namespace: str
+    name: str
+    pod_uid: str
+    containers: tuple[str, ...]
+
+    @property
+    def ref(self) -> str:
+        return f"{self.namespace}/{self.name}" if self.name else f"with UID {self.pod_uid}"
+
+
+def find_owner(holdings: Sequence[Holding], device_ids: Sequence[str]) -> Owner:
+    """The one pod whose containers hold exactly these IDs (an init container's IDs reused by an app
+    container of the same pod map to that same pod)."""
+    wanted = frozenset(device_ids)
+    matches = [h for h in holdings if frozenset(h.device_ids) == wanted]
+    pods = sorted({(h.namespace, h.pod, h.pod_uid) for h in matches})
+    if not pods:
+        raise Refusal(
+            f"no pod on this node holds exactly the devices {_short(device_ids)} in the kubelet's pod resources; "
+            "the container is not started; if this repeats, restart the pod so the kubelet allocates it again",
+            reason="GpuShareUnknownDevices",
+        )
+    if len(pods) > 1:
+        names = ", ".join(f"{ns}/{name}" if name else uid for ns, name, uid in pods)
+        raise Refusal(
+            f"the devices {_short(device_ids)} are held by several pods ({names}), which the kubelet never does; "
+            "the container is not started; restart the kubelet so it rebuilds its device assignments"
+        )
+    namespace, name, uid = pods[0]
+    containers = tuple(dict.fromkeys(h.container for h in matches))
+    return Owner(namespace, name, uid, containers)
+
+
+def holdings_from_checkpoint(text: str, resource: str) -> list[Holding]:
+    """Holdings from the kubelet's device-manager checkpoint (pod UIDs only, no names)."""
+    try:
+        doc = json.loads(text)
+        entries = doc["Data"]["PodDeviceEntries"] or []
+    except (ValueError, TypeError, KeyError) as exc:
+        raise ValueError(f"the kubelet checkpoint is not the device manager's JSON ({exc!r})") from exc
+    out: list[Holding] = []
+    for entry in entries:
+        if not isinstance(entry, dict) or entry.get("ResourceName") != resource:
+            continue
+        raw = entry.get("DeviceIDs")
+        groups = raw.values() if isinstance(raw, dict) else [raw]
+        ids = [str(d) for group in groups if isinstance(group, list) for d in group]
+        if ids:
+            out.append(Holding("", "", str(entry.get("ContainerName", "")), tuple(ids), str(entry.get("PodUID", ""))))
+    return out
+
+
+def _short(device_ids: Sequence[str]) -> str:
+    shown = sorted(device_ids)[:3]
+    more = f" and {len(device_ids) - 3} more" if len(device_ids) > 3 else ""
+    return "[" + ", ".join(shown) + "]" + more
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Validation of the owning pod.
+
+
+@dataclass(frozen=True)
+class Context:
+    contract: Contract
+    node_name: str
+    public_key: Ed25519PublicKey
+    gpus: Mapping[int, Gpu]
+    healthy: Callable[[int], bool]
+    placement: str = "extender"
+
+
+@dataclass(frozen=True)
+class Accepted:
+    ref: str
+    intent: Intent
+    gpu: Gpu
+    slot: str
+    allocation: Allocation
+    patch: dict[str, str] = field(default_factory=dict)  # empty when the pod already records this allocation
+
+
+@dataclass(frozen=True)
+class NeedsPlacement:
+    ref: str
+    intent: Intent
+
+
+def stamped_intent(pod: Mapping[str, Any], ctx: Context, who: str) -> Intent:
+    """The pod's intent, only if the webhook's signature verifies and it describes the pod's spec."""
+    annotations = read_annotations(pod)
+    namespace = str((pod.get("metadata") or {}).get("namespace") or "")
+    key, sig_key = ctx.contract.intent_key, ctx.contract.signature_key
+    if key not in annotations:
+        raise Refusal(
+            f"{who} has no {key} annotation, so the gpushare webhook did not admit it; install the webhook "
+            "(check its namespaceSelector and failurePolicy) and recreate the pod",
+            reason="GpuShareNoIntent",
+        )
+    signature = annotations.get(sig_key, "")
+    if not signature or not signing.verify(ctx.public_key, annotations[key], namespace, signature):
+        raise Refusal(
+            f"{who} has an intent whose signature does not verify; recreate the pod through the gpushare webhook, "
+            "and check that GPUSHARE_VERIFY_KEY holds the public key of the webhook's signing key",
+            reason="GpuShareBadSignature",
+        )
+    try:
+        intent = parse_intent(annotations[key], key)
+    except ProtocolError as exc:
+        raise Refusal(f"{who} has an unreadable intent: {exc}", reason="GpuShareBadIntent") from exc
+    mismatch = intent_mismatch(intent, pod, ctx.contract)
+    if mismatch:
+        raise Refusal(f"{who} does not match its intent: {mismatch}; recreate the pod", reason="GpuShareBadIntent")
+    return intent
+
+
+def _assigned_gpu(assignment: Assignment, ctx: Context, who: str) -> Gpu:
+    """The GPU the assignment names, if it exists here, its memory matches DEV and it is healthy."""
+    unit = ctx.contract.unit
+    index = assignment.index if assignment.index is not None else -1
+    gpu = ctx.gpus.get(index)
+    if gpu is None:
+        raise Refusal(
+            f"{who} is assigned GPU index {assignment.index}, which node {ctx.node_name} does not have (it has "
+            f"{sorted(ctx.gpus)}); check the scheduler extender's view of this node and recreate the pod",
+            reason="GpuShareBadAssignment",
+        )
+    if assignment.device_units != gpu.memory_units:
+        raise Refusal(
+            f"{who} says GPU {gpu.index} has {assignment.device_units} {unit} ({DEV}) but it has "
+            f"{gpu.memory_units} {unit}; check the scheduler extender's view of this node and recreate the pod",
+            reason="GpuShareBadAssignment",
+        )
+    if not ctx.healthy(gpu.index):
+        raise Refusal(
+            f"{who} is assigned GPU {gpu.index}, which is unhealthy (critical XID); recreate the pod so it is "
+            "placed on a healthy GPU", reason="GpuShareUnhealthy",
+        )
+    return gpu
+
+
+def _recorded(
+    annotations: Mapping[str, str], intent: Intent, assignment: Assignment, gpu: Gpu, ctx: Context, *, who: str
+) -> dict[str, ContainerSlot]:
+    """The containers the pod's allocation record already lists, if the record holds up."""
+    recorded: dict[str, ContainerSlot] = {}
+    key = ctx.contract.allocation_key
+    if key in annotations:
+        try:
+            previous = parse_allocation(annotations[key], key)
+        except ProtocolError as exc:
+            raise Refusal(f"{who} has a bad allocation record: {exc}", reason="GpuShareBadAssignment") from exc
+        problems = allocation_problems(intent, assignment, previous, ctx.node_name)
+        if previous.gpu_uuid != gpu.uuid:
+            problems.append(f"the allocation record names GPU {previous.gpu_uuid} but GPU {gpu.index} is {gpu.uuid}")
+        if problems:
+            raise Refusal(f"{who} has a bad allocation record: {'; '.join(problems)}", reason="GpuShareBadAssignment")
+        recorded = dict(previous.containers)
+    return recorded
+
+
+def validate(
+    pod: Mapping[str, Any], containers: Sequence[str], device_ids: Sequence[str], ctx: Context,
+    others: Sequence[Mapping[str, Any]],
+) -> Accepted | NeedsPlacement:
+    """Accept the pod holding these devices only if its stamped, signed intent and its assignment hold up."""
+    ref = pod_ref(pod)
+    who = f"pod {ref} (container {', '.join(repr(c) for c in containers)})"
+    node = (pod.get("spec") or {}).get("nodeName")
+    if node != ctx.node_name:
+        raise Refusal(f"{who} is bound to node {node!r}, not to this node {ctx.node_name!r}; restart the kubelet")
+    intent = stamped_intent(pod, ctx, who)
+    unit = ctx.contract.unit
+    for name in containers:
+        if intent.units_of(name) != len(device_ids):
+            raise Refusal(
+                f"{who}: container {name!r} holds {len(device_ids)} {unit} of devices but its intent asks for "
+                f"{intent.units_of(name)} {unit}; recreate the pod so the kubelet allocates it again"
+            )
+    annotations = read_annotations(pod)
+    try:
+        assignment = parse_assignment(annotations)
+    except ProtocolError as exc:
+        raise Refusal(f"{who} has a bad assignment: {exc}", reason="GpuShareBadAssignment") from exc
+    problems = assignment_problems(intent, assignment)
+    if problems:
+        raise Refusal(f"{who} has a bad assignment: {'; '.join(problems)}", reason="GpuShareBadAssignment")
+    if assignment.index is None:
+        if ctx.placement == "node":
+            return NeedsPlacement(ref, intent)
+        raise Refusal(
+            f"{who} has no {IDX} annotation, so no scheduler extender placed it on a GPU; configure the gpushare "
+            "scheduler extender, or run webhook and plugins with GPUSHARE_DELIVERY=cdi and GPUSHARE_PLACEMENT=node",
+            reason="GpuShareNotPlaced",
+        )
+    gpu = _assigned_gpu(assignment, ctx, who)
+    slot = slot_of(device_ids)
+    uid = str((pod.get("metadata") or {}).get("uid") or "")
+    used, users = usage_on_gpu(others, ctx.node_name, gpu.index, uid, ctx.contract.resource)
+    if used + intent.total > gpu.memory_units:
+        raise Refusal(
+            f"{who} needs {intent.total} {unit} on GPU {gpu.index}, but {used} of its {gpu.memory_units} {unit} "
+            f"are already promised to {', '.join(users[:5])}; the scheduler extender's view of node "
+            f"{ctx.node_name} is out of date: recreate the pod",
+            reason="GpuShareNoRoom",
+        )
+    recorded = _recorded(annotations, intent, assignment, gpu, ctx, who=who)
+    key = ctx.contract.allocation_key
+    merged = dict(recorded)
+    for name in containers:
+        merged[name] = ContainerSlot(len(device_ids), slot)
+    allocation = Allocation(intent.allocation_id, ctx.node_name, gpu.index, gpu.uuid, merged)
+    patch: dict[str, str] = {}
+    if merged != recorded or key not in annotations:
+        patch[key] = allocation.to_json()
+    if assignment.assigned is not True:
+        patch[ASSIGNED] = "true"
+    return Accepted(ref, intent, gpu, slot, allocation, patch)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# What this node's GPUs already carry, and best-fit placement.
+
+
+def live_on_node(pod: Mapping[str, Any], node_name: str) -> bool:
+    return (pod.get("spec") or {}).get("nodeName") == node_name and (pod.get("status") or {}).get(
+        "phase"
+    ) not in TERMINAL_PHASES
+
+
+def promised_units(pod: Mapping[str, Any], resource: str) -> tuple[int | None, int]:
+    """(GPU index, units) a pod holds by its annotations; index None when it is not placed."""
+    try:
+        assignment: Assignment = parse_assignment(read_annotations(pod))
+    except ProtocolError:
+        return None, 0
+    if assignment.index is None:
+        return None, 0
+    if assignment.pod_units is not None:
+        return assignment.index, assignment.pod_units
+    try:
+        return assignment.index, demand_of(pod, resource).total
+    except ProtocolError:
+        return assignment.index, 0
+
+
+def usage_by_gpu(
+    pods: Sequence[Mapping[str, Any]], node_name: str, resource: str, exclude_uid: str = ""
+) -> dict[int, int]:
+    used: dict[int, int] = {}
+    for pod in pods:
+        if not live_on_node(pod, node_name) or (pod.get("metadata") or {}).get("uid") == exclude_uid:
+            continue
+        index, units = promised_units(pod, resource)
+        if index is not None:
+            used[index] = used.get(index, 0) + units
+    return used
+
+
+def usage_on_gpu(
+    pods: Sequence[Mapping[str, Any]], node_name: str, index: int, exclude_uid: str, resource: str
+) -> tuple[int, list[str]]:
+    used, users = 0, []
+    for pod in pods:
+        if not live_on_node(pod, node_name) or (pod.get("metadata") or {}).get("uid") == exclude_uid:
+            continue
+        gpu_index, units = promised_units(pod, resource)
+        if gpu_index == index and units:
+            used += units
+            users.append(f"{pod_ref(pod)} ({units})")
+    return used, users
+
+
+def best_fit(gpus: Sequence[Gpu], used: Mapping[int, int], need: int, healthy: Callable[[int], bool]) -> Gpu | None:
+    """The healthy GPU with the least free room that still fits `need` (lowest index on ties)."""
+    fitting = [g for g in gpus if healthy(g.index) and g.memory_units - used.get(g.index, 0) >= need]
+    if not fitting:
+        return None
+    return min(fitting, key=lambda g: (g.memory_units - used.get(g.index, 0), g.index))
+
+
+def placement_annotations(gpu: Gpu, intent: Intent, now_ns: int) -> dict[str, str]:
+    return Assignment(gpu.index, gpu.memory_units, intent.total, now_ns, False).annotations()
+
+
+
+def allocation_candidates(
+    pods: Sequence[Mapping[str, Any]], units: int, slot: str, ctx: Context
+) -> tuple[list[str], list[str]]:
+    """Pods on this node with a validated container that asks for exactly `units` and holds no devices yet
+    (or holds this very slot: the kubelet may ask again); and notes on the pods that came close."""
+    found: list[str] = []
+    notes: list[str] = []
+    for pod in pods:
+        if not live_on_node(pod, ctx.node_name):
+            continue
+        ref = pod_ref(pod)
+        try:
+            demand = demand_of(pod, ctx.contract.resource)
+        except ProtocolError:
+            continue
+        if units not in [u for _, u in demand.containers] + [i.units for i in demand.init_containers]:
+            continue
+        try:
+            intent = stamped_intent(pod, ctx, f"pod {ref}")
+            assignment = parse_assignment(read_annotations(pod))
+        except (Refusal, ProtocolError) as exc:
+            notes.append(str(exc))
+            continue
+        if assignment.index is None and ctx.placement != "node":
+            notes.append(f"pod {ref} has no {IDX} annotation (is the scheduler extender configured?)")
+            continue
+        recorded: Mapping[str, ContainerSlot] = {}
+        key = ctx.contract.allocation_key
+        if key in read_annotations(pod):
+            try:
+                recorded = parse_allocation(read_annotations(pod)[key], key).containers
+            except ProtocolError as exc:
+                notes.append(f"pod {ref}: {exc}")
+                continue
+        names = [*intent.containers, *intent.init_containers]
+        if any(intent.units_of(n) == units and (n not in recorded or recorded[n].slot == slot) for n in names):
+            found.append(ref)
+    return found, notes

@@ -1,0 +1,112 @@
+"""The DevicePlugin gRPC servicer: translates the kubelet's calls to the service and its errors to statuses."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import logging
+import os
+import threading
+from collections.abc import Callable, Iterator
+from typing import TypeVar
+
+import grpc
+
+from deviceplugin.api import deviceplugin_pb2 as pb
+from deviceplugin.api import deviceplugin_pb2_grpc
+from deviceplugin.inventory import Inventory
+from deviceplugin.service import PluginError, Service
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+OPTIONS = pb.DevicePluginOptions(pre_start_required=True, get_preferred_allocation_available=True)
+
+
+class DevicePluginServicer(deviceplugin_pb2_grpc.DevicePluginServicer):
+    def __init__(self, service: Service, inventory: Inventory, stop: threading.Event, timeout: float) -> None:
+        self.service = service
+        self.inventory = inventory
+        self.stop = stop
+        self.timeout = timeout
+        # The kubelet waits forever for Allocate while it admits pods one at a time: bound every answer.
+        self._workers = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="kubelet-call")
+
+    def close(self) -> None:
+        self._workers.shutdown(wait=False, cancel_futures=True)
+
+    def _bounded(self, call: str, context: grpc.ServicerContext, work: Callable[[], T]) -> T:
+        future = self._workers.submit(work)
+        try:
+            return future.result(timeout=self.timeout)
+        except PluginError as exc:
+            context.abort(getattr(grpc.StatusCode, exc.code), exc.message)
+        except concurrent.futures.TimeoutError:
+            context.abort(
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                f"the gpushare device plugin could not answer {call} within {self.timeout:g} s "
+                "(GPUSHARE_RPC_TIMEOUT_SECONDS); check its API server and kubelet access in its log",
+            )
+        except Exception as exc:
+            log.exception("%s failed unexpectedly", call)
+            context.abort(
+                grpc.StatusCode.INTERNAL,
+                f"the gpushare device plugin failed in {call} ({exc!r}); see its log and report the problem",
+            )
+        raise AssertionError("context.abort always raises")  # pragma: no cover
+
+    def GetDevicePluginOptions(self, request: pb.Empty, context: grpc.ServicerContext) -> pb.DevicePluginOptions:
+        return OPTIONS
+
+    def ListAndWatch(self, request: pb.Empty, context: grpc.ServicerContext) -> Iterator[pb.ListAndWatchResponse]:
+        """The full device list first, then again after every health change, until the stream ends."""
+        sent = -1
+        while context.is_active() and not self.stop.is_set():
+            version = self.inventory.version
+            if version != sent:
+                devices = [pb.Device(ID=device_id, health=health) for device_id, health in self.inventory.devices()]
+                yield pb.ListAndWatchResponse(devices=devices)
+                sent = version
+            self.inventory.wait_change(sent, 0.5)
+
+    def GetPreferredAllocation(
+        self, request: pb.PreferredAllocationRequest, context: grpc.ServicerContext
+    ) -> pb.PreferredAllocationResponse:
+        # Any units will do (annotations decide the GPU); prefer one GPU's units, in a stable order.
+        answers = []
+        for wanted in request.container_requests:
+            chosen = list(dict.fromkeys(wanted.must_include_deviceIDs))
+            rest = sorted(set(wanted.available_deviceIDs) - set(chosen))
+            chosen += rest[: max(0, wanted.allocation_size - len(chosen))]
+            answers.append(pb.ContainerPreferredAllocationResponse(deviceIDs=chosen))
+        return pb.PreferredAllocationResponse(container_responses=answers)
+
+    def Allocate(self, request: pb.AllocateRequest, context: grpc.ServicerContext) -> pb.AllocateResponse:
+        requests = [list(r.devices_ids) for r in request.container_requests]
+        answers = self._bounded("Allocate", context, lambda: self.service.allocate(requests))
+        return pb.AllocateResponse(
+            container_responses=[
+                pb.ContainerAllocateResponse(
+                    envs=dict(a.envs), cdi_devices=[pb.CDIDevice(name=name) for name in a.cdi_devices]
+                )
+                for a in answers
+            ]
+        )
+
+    def PreStartContainer(
+        self, request: pb.PreStartContainerRequest, context: grpc.ServicerContext
+    ) -> pb.PreStartContainerResponse:
+        device_ids = list(request.devices_ids)
+        self._bounded("PreStartContainer", context, lambda: self.service.prestart(device_ids))
+        return pb.PreStartContainerResponse()
+
+
+def serve(servicer: DevicePluginServicer, socket_path: str) -> grpc.Server:
+    """Serve the DevicePlugin service on a unix socket (a stale socket file is removed first)."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(socket_path)
+    server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="grpc"))
+    deviceplugin_pb2_grpc.add_DevicePluginServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
+    server.add_insecure_port("unix://" + socket_path)
+    server.start()
+    return server

@@ -1,0 +1,113 @@
+"""Device plugin settings: one frozen dataclass built from GPUSHARE_* environment variables, checked at start."""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from webhook.protocol import Contract
+from webhook.settings import SettingsError, contract_from, env_parsed, env_value, positive_int
+
+PLACEMENTS = ("extender", "node")
+DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
+DEFAULT_POD_RESOURCES = "/var/lib/kubelet/pod-resources/kubelet.sock"
+# The kubelet and gRPC choke on ListAndWatch messages with very many devices; 8 GPUs of 80 GiB are 640.
+DEFAULT_MAX_DEVICES = "4096"
+
+
+@dataclass(frozen=True)
+class PluginSettings:
+    contract: Contract
+    node_name: str
+    verify_key: str
+    fake_gpus: str
+    device_plugin_dir: str
+    pod_resources_socket: str
+    kubelet_checkpoint: str
+    cdi_dir: str
+    max_devices: int
+    kubeconfig: str
+    rpc_timeout_seconds: float
+    placement: str
+    log_level: str
+    # Not read from the environment: how often the kubelet socket and the pod resources are polled.
+    watch_interval_seconds: float = 1.0
+    gc_interval_seconds: float = 60.0
+    gc_grace_seconds: float = 120.0
+
+    @property
+    def socket_name(self) -> str:
+        """The plugin's socket file name, which is also the endpoint given to the kubelet."""
+        return "gpushare-" + self.contract.resource.replace("/", "-").replace(".", "-") + ".sock"
+
+    @property
+    def socket_path(self) -> str:
+        return os.path.join(self.device_plugin_dir, self.socket_name)
+
+    @property
+    def kubelet_socket(self) -> str:
+        return os.path.join(self.device_plugin_dir, "kubelet.sock")
+
+
+def positive_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError("must be a finite number greater than zero")
+    return value
+
+
+def rpc_seconds(text: str) -> float:
+    value = positive_float(text)
+    if value >= 30:
+        # The kubelet gives PreStartContainer 30 s; an answer after that is lost.
+        raise ValueError("must stay below the kubelet's 30 s PreStartContainer limit")
+    return value
+
+
+def settings_from(env: Mapping[str, str]) -> PluginSettings:
+    contract = contract_from(env)
+    node_name = env_value(env, "GPUSHARE_NODE_NAME", "")
+    if not node_name:
+        raise SettingsError(
+            "GPUSHARE_NODE_NAME is not set; give the plugin its node's name through the downward API "
+            "(valueFrom.fieldRef.fieldPath: spec.nodeName) in the DaemonSet"
+        )
+    plugin_dir = env_value(env, "GPUSHARE_DEVICE_PLUGIN_DIR", DEFAULT_PLUGIN_DIR)
+    placement = env_value(env, "GPUSHARE_PLACEMENT", "extender")
+    if placement not in PLACEMENTS:
+        raise SettingsError(f"GPUSHARE_PLACEMENT={placement!r} is not valid; expected extender or node")
+    if placement == "node" and contract.delivery != "cdi":
+        raise SettingsError(
+            "GPUSHARE_PLACEMENT=node needs GPUSHARE_DELIVERY=cdi: in env mode the GPU index must be in the pod's "
+            "annotations before the kubelet admits it, so only the scheduler extender can place pods; "
+            "set GPUSHARE_DELIVERY=cdi (on the webhook too) or GPUSHARE_PLACEMENT=extender"
+        )
+    log_level = env_value(env, "GPUSHARE_LOG_LEVEL", "INFO").upper()
+    if log_level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        raise SettingsError(f"GPUSHARE_LOG_LEVEL={log_level!r} is not valid; expected DEBUG, INFO, WARNING or ERROR")
+    return PluginSettings(
+        contract=contract,
+        node_name=node_name,
+        verify_key=env_value(env, "GPUSHARE_VERIFY_KEY", "/etc/gpushare/verify/signing.pub"),
+        fake_gpus=env_value(env, "GPUSHARE_FAKE_GPUS", ""),
+        device_plugin_dir=plugin_dir,
+        pod_resources_socket=env_value(env, "GPUSHARE_POD_RESOURCES_SOCKET", DEFAULT_POD_RESOURCES),
+        kubelet_checkpoint=env_value(
+            env, "GPUSHARE_KUBELET_CHECKPOINT", os.path.join(plugin_dir, "kubelet_internal_checkpoint")
+        ),
+        cdi_dir=env_value(env, "GPUSHARE_CDI_DIR", "/var/run/cdi"),
+        max_devices=env_parsed(env, "GPUSHARE_MAX_DEVICES", DEFAULT_MAX_DEVICES, positive_int, "a positive integer"),
+        kubeconfig=env_value(env, "GPUSHARE_KUBECONFIG", ""),
+        rpc_timeout_seconds=env_parsed(
+            env, "GPUSHARE_RPC_TIMEOUT_SECONDS", "10", rpc_seconds, "a positive number of seconds below 30"
+        ),
+        placement=placement,
+        log_level=log_level,
+    )
+
+
+def from_environ(overrides: Mapping[str, str] | None = None) -> PluginSettings:
+    """The one place the device plugin reads os.environ; command-line flags override variables."""
+    return settings_from({**os.environ, **(overrides or {})})

@@ -1,0 +1,1 @@
+"""Tests of the certificate and signing-key tooling."""

@@ -1,0 +1,104 @@
+"""The webhook configurations' matchConditions, evaluated with cel-python against sample admission requests."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import celpy
+import pytest
+import yaml
+from celpy import celtypes
+from celpy.adapter import json_to_cel
+
+from tests.manifests.render import MANIFESTS
+
+pytestmark = pytest.mark.timeout(60)
+
+GPU = "aliyun.com/gpu-mem"
+
+
+def conditions() -> list[tuple[str, str, str]]:
+    """(configuration kind, condition name, expression) straight from the base, so this runs without kubectl."""
+    docs = yaml.safe_load_all((MANIFESTS / "base" / "admission.yaml").read_text())
+    return [(doc["kind"], cond["name"], cond["expression"])
+            for doc in docs for hook in doc["webhooks"] for cond in hook["matchConditions"]]
+
+
+def pod(*, limits: dict[str, str] | None = None, init_limits: dict[str, str] | None = None,
+        annotations: dict[str, str] | None = None, requests: dict[str, str] | None = None) -> dict[str, Any]:
+    ctr: dict[str, Any] = {"name": "main", "image": "busybox"}
+    if limits is not None or requests is not None:
+        ctr["resources"] = {k: v for k, v in (("limits", limits), ("requests", requests)) if v is not None}
+    spec: dict[str, Any] = {"containers": [{"name": "sidecar", "image": "busybox"}, ctr]}
+    if init_limits is not None:
+        spec["initContainers"] = [{"name": "init", "image": "busybox", "resources": {"limits": init_limits}}]
+    meta: dict[str, Any] = {"generateName": "job-", "namespace": "team-a"}
+    if annotations is not None:
+        meta["annotations"] = annotations
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
+
+
+def request(operation: str, obj: dict[str, Any], old: dict[str, Any] | None) -> dict[str, Any]:
+    """The variables kube-apiserver binds for a webhook matchCondition (authorizer aside)."""
+    req = {
+        "uid": "0b9c7a0e-1111-2222-3333-444455556666",
+        "kind": {"group": "", "version": "v1", "kind": "Pod"},
+        "resource": {"group": "", "version": "v1", "resource": "pods"},
+        "namespace": "team-a",
+        "operation": operation,
+        "userInfo": {"username": "alice", "groups": ["system:authenticated"]},
+        "dryRun": False,
+    }
+    return {"object": obj, "oldObject": old, "request": req}
+
+
+def without_annotations(obj: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(obj)
+    out["metadata"].pop("annotations", None)
+    return out
+
+
+stamped = pod(limits={GPU: "4"}, annotations={"gpushare.io/intent": "{}", "gpushare.io/intent-signature": "c2ln"})
+reserved_only = pod(annotations={"ALIYUN_COM_GPU_MEM_IDX": "0"})
+own_only = pod(annotations={"gpushare.io/allocation": "{}"})
+
+CASES = [
+    ("GPU-share container", request("CREATE", pod(limits={GPU: "4", "cpu": "1"}), None), True),
+    ("GPU-share init container only", request("CREATE", pod(init_limits={GPU: "2"}), None), True),
+    ("plain pod without resources", request("CREATE", pod(), None), False),
+    ("plain pod with empty resources", request("CREATE", pod(limits={}), None), False),
+    ("CPU limits only", request("CREATE", pod(limits={"cpu": "1", "memory": "1Gi"}), None), False),
+    ("whole-GPU resource", request("CREATE", pod(limits={"nvidia.com/gpu": "1"}), None), False),
+    ("GPU-share in requests only (the API server rejects it anyway)",
+     request("CREATE", pod(requests={GPU: "4"}), None), False),
+    ("unrelated annotations", request("CREATE", pod(annotations={"team": "a", "gpushare.io": "x"}), None), False),
+    ("user-supplied compatible annotation", request("CREATE", reserved_only, None), True),
+    ("user-supplied own annotation", request("CREATE", own_only, None), True),
+    ("UPDATE of a stamped GPU-share pod", request("UPDATE", stamped, stamped), True),
+    ("UPDATE removing every reserved annotation", request("UPDATE", pod(), reserved_only), True),
+    ("UPDATE removing annotations entirely", request("UPDATE", without_annotations(own_only), own_only), True),
+    ("UPDATE adding a reserved annotation", request("UPDATE", reserved_only, pod()), True),
+    ("UPDATE of a plain pod", request("UPDATE", pod(annotations={"a": "b"}), pod()), False),
+    ("UPDATE of a plain pod without annotations", request("UPDATE", pod(), pod()), False),
+]
+
+
+@pytest.mark.parametrize("condition", conditions(), ids=lambda c: f"{c[0]}:{c[1]}")
+@pytest.mark.parametrize(("case", "variables", "expected"), CASES, ids=[c[0] for c in CASES])
+def test_only_gpu_share_pods_reach_the_webhook(
+    condition: tuple[str, str, str], case: str, variables: dict[str, Any], expected: bool
+) -> None:
+    kind, name, expression = condition
+    env = celpy.Environment()
+    program = env.program(env.compile(expression))
+    result = program.evaluate({key: json_to_cel(value) for key, value in variables.items()})
+    # A matchCondition that errors or yields a non-bool counts as a failed call (failurePolicy: Fail).
+    assert isinstance(result, celtypes.BoolType), f"{kind} {name} gave {result!r} for {case}"
+    assert bool(result) is expected, f"{kind} {name} for {case}"
+
+
+def test_both_configurations_send_the_same_pods() -> None:
+    found = conditions()
+    assert {kind for kind, _, _ in found} == {"MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"}
+    assert len({expression for _, _, expression in found}) == 1

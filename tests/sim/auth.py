@@ -1,0 +1,60 @@
+"""Bearer tokens of the test API server, mapped to users so admission `userInfo` is real."""
+
+from __future__ import annotations
+
+import secrets
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class User:
+    username: str
+    groups: tuple[str, ...] = ("system:authenticated",)
+    uid: str = ""
+    extra: dict[str, list[str]] = field(default_factory=dict, hash=False, compare=False)
+
+    def info(self) -> dict[str, Any]:
+        """The AdmissionReview `userInfo` (authentication.k8s.io/v1 UserInfo)."""
+        out: dict[str, Any] = {"username": self.username, "groups": list(self.groups)}
+        if self.uid:
+            out["uid"] = self.uid
+        if self.extra:
+            out["extra"] = self.extra
+        return out
+
+
+ADMIN = User("kubernetes-admin", ("system:masters", "system:authenticated"))
+
+
+def service_account(namespace: str, name: str) -> User:
+    """The user a ServiceAccount token authenticates as, with the groups the real token authenticator adds."""
+    return User(
+        f"system:serviceaccount:{namespace}:{name}",
+        ("system:serviceaccounts", f"system:serviceaccounts:{namespace}", "system:authenticated"),
+        uid=f"sa-{namespace}-{name}",
+    )
+
+
+def user(name: str, *groups: str) -> User:
+    """An ordinary user in the given groups plus system:authenticated."""
+    return User(name, (*groups, "system:authenticated"))
+
+
+class Tokens:
+    """Token -> user; thread-safe so tests can add identities while the server runs."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._users: dict[str, User] = {}
+
+    def add(self, who: User, token: str | None = None) -> str:
+        token = token or secrets.token_urlsafe(24)
+        with self._lock:
+            self._users[token] = who
+        return token
+
+    def lookup(self, token: str) -> User | None:
+        with self._lock:
+            return self._users.get(token)

@@ -31,6 +31,9 @@ certfile = _settings.tls_cert
 keyfile = _settings.tls_key
 # Bodies over this size are refused by the app with a 400 (GPUSHARE_MAX_BODY_BYTES); headers stay small.
 limit_request_field_size = 16384
+# No gunicornc control socket: it defaults to one path per user ($HOME/.gunicorn), which a read-only root file
+# system cannot hold and which two servers on one machine would fight over.
+control_socket_disable = True
 
 _tls = ReloadingTLS(_settings.tls_cert, _settings.tls_key)
 

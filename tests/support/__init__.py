@@ -1,0 +1,1 @@
+"""Helpers shared by several test packages (a real webhook server, ...)."""

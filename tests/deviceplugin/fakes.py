@@ -1,0 +1,168 @@
+"""Test doubles for the device plugin: stamped pods, an in-memory API server, kubelet holdings."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import threading
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import jsonpatch
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from deviceplugin.apiserver import ApiServerError, Conflict
+from deviceplugin.resolve import Holding
+from deviceplugin.settings import PluginSettings, settings_from
+from webhook.mutate import mutate
+from webhook.protocol import Assignment, Contract, demand_of
+
+NODE = "node-a"
+
+
+def plugin_settings(tmp: str, **env: str) -> PluginSettings:
+    base = {
+        "GPUSHARE_NODE_NAME": NODE,
+        "GPUSHARE_FAKE_GPUS": "2x8GiB",
+        "GPUSHARE_DEVICE_PLUGIN_DIR": f"{tmp}/dp",
+        "GPUSHARE_POD_RESOURCES_SOCKET": f"{tmp}/pr.sock",
+        "GPUSHARE_CDI_DIR": f"{tmp}/cdi",
+        "GPUSHARE_RPC_TIMEOUT_SECONDS": "5",
+    }
+    base.update(env)
+    return settings_from(base)
+
+
+def spec_pod(
+    name: str, containers: Mapping[str, int], init: Mapping[str, int] | None = None, namespace: str = "team"
+) -> dict[str, Any]:
+    def container(cname: str, units: int) -> dict[str, Any]:
+        limits = {"aliyun.com/gpu-mem": str(units)} if units else {}
+        return {"name": cname, "image": "cuda", "resources": {"limits": limits}}
+
+    spec: dict[str, Any] = {"containers": [container(c, u) for c, u in containers.items()]}
+    if init:
+        spec["initContainers"] = [container(c, u) for c, u in init.items()]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace}, "spec": spec}
+
+
+def stamped(pod: dict[str, Any], contract: Contract, key: Ed25519PrivateKey) -> dict[str, Any]:
+    """The pod as the real mutating webhook admits it (intent, signature and, in env mode, the env)."""
+    namespace = pod["metadata"]["namespace"]
+    ops = mutate(pod, namespace, contract, key, lambda: str(uuid.uuid4()))
+    result: dict[str, Any] = jsonpatch.apply_patch(pod, ops)
+    return result
+
+
+def assign(pod: dict[str, Any], index: int, device_units: int, total: int | None = None) -> dict[str, Any]:
+    """What the scheduler extender writes at bind time."""
+    out = copy.deepcopy(pod)
+    annotations = out["metadata"].setdefault("annotations", {})
+    pod_units = total if total is not None else demand_of(pod, "aliyun.com/gpu-mem").total
+    annotations.update(Assignment(index, device_units, pod_units, 1_700_000_000_000_000_000, False).annotations())
+    return out
+
+
+class FakeApiServer:
+    """A faithful in-memory stand-in for deviceplugin.apiserver.ApiServer: resourceVersion on every write,
+    409 on a stale patch, this node's pods only in node_pods(), Events and patches recorded."""
+
+    def __init__(self, node: str = NODE) -> None:
+        self.node = node
+        self._pods: dict[tuple[str, str], dict[str, Any]] = {}
+        self._versions = itertools.count(1)
+        self._lock = threading.Lock()
+        self.events: list[tuple[str, str, str, str]] = []  # (pod ref, type, reason, message)
+        self.patches: list[tuple[str, dict[str, str]]] = []
+        self.capacity: dict[str, str] = {}
+        self.stale_cache = False  # node_pods() lags: it returns the pods as of the last refresh_cache()
+        self._cache: list[dict[str, Any]] = []
+        self.fail = False
+
+    def add(self, pod: dict[str, Any], node: str | None = NODE, phase: str = "Pending") -> dict[str, Any]:
+        with self._lock:
+            stored = copy.deepcopy(pod)
+            meta = stored["metadata"]
+            meta.setdefault("uid", str(uuid.uuid4()))
+            meta["resourceVersion"] = str(next(self._versions))
+            if node is not None:
+                stored["spec"]["nodeName"] = node
+            stored["status"] = {"phase": phase}
+            self._pods[(meta["namespace"], meta["name"])] = stored
+            return copy.deepcopy(stored)
+
+    def delete(self, namespace: str, name: str) -> None:
+        with self._lock:
+            self._pods.pop((namespace, name), None)
+
+    def pod(self, namespace: str, name: str) -> dict[str, Any]:
+        with self._lock:
+            return copy.deepcopy(self._pods[(namespace, name)])
+
+    def refresh_cache(self) -> None:
+        with self._lock:
+            self._cache = [copy.deepcopy(p) for p in self._pods.values() if p["spec"].get("nodeName") == self.node]
+
+    def _check(self) -> None:
+        if self.fail:
+            raise ApiServerError("could not reach the API server: connection refused")
+
+    def node_pods(self) -> list[dict[str, Any]]:
+        self._check()
+        if self.stale_cache:
+            with self._lock:
+                return copy.deepcopy(self._cache)
+        return self.list_node_pods()
+
+    def list_node_pods(self) -> list[dict[str, Any]]:
+        self._check()
+        with self._lock:
+            return [copy.deepcopy(p) for p in self._pods.values() if p["spec"].get("nodeName") == self.node]
+
+    def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        self._check()
+        with self._lock:
+            pod = self._pods.get((namespace, name))
+            return copy.deepcopy(pod) if pod else None
+
+    def patch_pod_annotations(
+        self, namespace: str, name: str, annotations: Mapping[str, str], resource_version: str
+    ) -> dict[str, Any]:
+        self._check()
+        with self._lock:
+            pod = self._pods.get((namespace, name))
+            if pod is None:
+                raise ApiServerError(f"pod {namespace}/{name} no longer exists")
+            if pod["metadata"]["resourceVersion"] != resource_version:
+                raise Conflict(f"pod {namespace}/{name} changed meanwhile (409 Conflict)")
+            pod["metadata"].setdefault("annotations", {}).update(annotations)
+            pod["metadata"]["resourceVersion"] = str(next(self._versions))
+            self.patches.append((f"{namespace}/{name}", dict(annotations)))
+            return copy.deepcopy(pod)
+
+    def touch(self, namespace: str, name: str) -> None:
+        """Someone else changed the pod (a status update): its resourceVersion moves on."""
+        with self._lock:
+            self._pods[(namespace, name)]["metadata"]["resourceVersion"] = str(next(self._versions))
+
+    def create_event(self, pod: Mapping[str, Any], event_type: str, reason: str, message: str) -> None:
+        self._check()
+        meta = pod.get("metadata") or {}
+        with self._lock:
+            self.events.append((f"{meta.get('namespace')}/{meta.get('name')}", event_type, reason, message))
+
+    def patch_node_capacity(self, capacity: Mapping[str, str]) -> None:
+        self._check()
+        self.capacity.update(capacity)
+
+
+@dataclass
+class FakeHoldings:
+    """Kubelet holdings set directly by a test (the socket-level tests use the real PodResources client)."""
+
+    entries: list[Holding]
+
+    def holdings(self) -> list[Holding]:
+        return list(self.entries)

@@ -1,0 +1,332 @@
+"""Table tests for the pure resolution: slots, owners, checkpoint, validation refusals, best fit, candidates."""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from deviceplugin.inventory import Gpu, Inventory
+from deviceplugin.resolve import (
+    Accepted,
+    Context,
+    Holding,
+    NeedsPlacement,
+    Refusal,
+    allocation_candidates,
+    best_fit,
+    find_owner,
+    holdings_from_checkpoint,
+    slot_of,
+    usage_by_gpu,
+    validate,
+)
+from tests.deviceplugin.fakes import NODE, assign, spec_pod, stamped
+from webhook import signing
+from webhook.protocol import ASSIGNED, DEV, IDX, POD, Contract, parse_allocation
+
+IDS = [f"GPU-x-_-{n}" for n in range(4)]
+
+
+def ctx_for(
+    inventory: Inventory, signer: Ed25519PrivateKey, contract: Contract, placement: str = "extender"
+) -> Context:
+    return Context(contract, NODE, signer.public_key(), {g.index: g for g in inventory.gpus}, inventory.healthy,
+                   placement)
+
+
+def bound(pod: dict[str, Any], node: str = NODE, uid: str = "uid-1") -> dict[str, Any]:
+    out = copy.deepcopy(pod)
+    out["spec"]["nodeName"] = node
+    out["metadata"]["uid"] = uid
+    out["metadata"]["resourceVersion"] = "7"
+    out["status"] = {"phase": "Pending"}
+    return out
+
+
+@pytest.mark.parametrize(
+    ("ids", "same_as"),
+    [
+        (["b", "a", "c"], ["a", "b", "c"]),
+        (["c", "b", "a"], ["a", "c", "b"]),
+    ],
+)
+def test_slot_does_not_depend_on_order(ids: list[str], same_as: list[str]) -> None:
+    assert slot_of(ids) == slot_of(same_as)
+    assert len(slot_of(ids)) == 16
+
+
+def test_slots_differ_for_different_sets() -> None:
+    assert slot_of(["a", "b"]) != slot_of(["a", "c"])
+    assert slot_of(["ab"]) != slot_of(["a", "b"])
+
+
+HOLDINGS = [
+    Holding("team", "p1", "main", ("d1", "d2")),
+    Holding("team", "p2", "init", ("d3", "d4")),
+    Holding("team", "p2", "app", ("d3", "d4")),  # the init container's IDs reused by the app container
+    Holding("team", "p3", "main", ("d5",)),
+    Holding("other", "p4", "main", ("d6",)),
+    Holding("other", "p5", "main", ("d6",)),  # never happens in a kubelet: must be refused
+]
+
+
+@pytest.mark.parametrize(
+    ("ids", "expected"),
+    [
+        (["d2", "d1"], ("team", "p1", ("main",))),
+        (["d4", "d3"], ("team", "p2", ("init", "app"))),
+        (["d5"], ("team", "p3", ("main",))),
+        (["d1"], "no pod on this node holds exactly"),
+        (["d1", "d2", "d5"], "no pod on this node holds exactly"),
+        (["d6"], "held by several pods"),
+    ],
+)
+def test_find_owner(ids: list[str], expected: tuple[str, str, tuple[str, ...]] | str) -> None:
+    if isinstance(expected, str):
+        with pytest.raises(Refusal, match=expected):
+            find_owner(HOLDINGS, ids)
+    else:
+        owner = find_owner(HOLDINGS, ids)
+        assert (owner.namespace, owner.name, owner.containers) == expected
+
+
+@pytest.mark.parametrize(
+    ("device_ids", "expected"),
+    [
+        ({"0": ["a", "b"], "1": ["c"]}, ("a", "b", "c")),
+        (["a", "b"], ("a", "b")),
+        (None, None),
+    ],
+)
+def test_checkpoint_entries(device_ids: object, expected: tuple[str, ...] | None) -> None:
+    doc = {
+        "Data": {
+            "PodDeviceEntries": [
+                {"PodUID": "u1", "ContainerName": "main", "ResourceName": "aliyun.com/gpu-mem",
+                 "DeviceIDs": device_ids, "AllocResp": "e30="},
+                {"PodUID": "u2", "ContainerName": "x", "ResourceName": "nvidia.com/gpu", "DeviceIDs": ["z"]},
+            ],
+            "RegisteredDevices": {"aliyun.com/gpu-mem": ["a", "b", "c"]},
+        },
+        "Checksum": 1234,
+    }
+    holdings = holdings_from_checkpoint(json.dumps(doc), "aliyun.com/gpu-mem")
+    if expected is None:
+        assert holdings == []
+    else:
+        assert holdings == [Holding("", "", "main", expected, "u1")]
+
+
+@pytest.mark.parametrize("text", ["", "{", "[]", '{"Data": 3}'])
+def test_checkpoint_garbage_is_an_error_not_a_guess(text: str) -> None:
+    with pytest.raises(ValueError, match="checkpoint"):
+        holdings_from_checkpoint(text, "aliyun.com/gpu-mem")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Validation: the pod owning the devices is accepted only if everything holds up.
+
+
+def good_pod(contract: Contract, signer: Ed25519PrivateKey) -> dict[str, Any]:
+    return bound(assign(stamped(spec_pod("p", {"main": 4}), contract, signer), 0, 8))
+
+
+def _annotations(pod: dict[str, Any]) -> dict[str, str]:
+    result: dict[str, str] = pod["metadata"]["annotations"]
+    return result
+
+
+def no_intent(pod: dict[str, Any]) -> None:
+    del _annotations(pod)["gpushare.io/intent"]
+
+
+def other_key(pod: dict[str, Any]) -> None:
+    text = _annotations(pod)["gpushare.io/intent"]
+    _annotations(pod)["gpushare.io/intent-signature"] = signing.sign(Ed25519PrivateKey.generate(), text, "team")
+
+
+def other_namespace(pod: dict[str, Any]) -> None:
+    pod["metadata"]["namespace"] = "elsewhere"
+
+
+def spec_changed(pod: dict[str, Any]) -> None:
+    pod["spec"]["containers"][0]["resources"]["limits"]["aliyun.com/gpu-mem"] = "5"
+
+
+def index_out_of_range(pod: dict[str, Any]) -> None:
+    _annotations(pod)[IDX] = "7"
+
+
+def dev_differs(pod: dict[str, Any]) -> None:
+    _annotations(pod)[DEV] = "16"
+
+
+def wrong_node(pod: dict[str, Any]) -> None:
+    pod["spec"]["nodeName"] = "node-b"
+
+
+def pod_total_differs(pod: dict[str, Any]) -> None:
+    _annotations(pod)[POD] = "2"
+
+
+def not_placed(pod: dict[str, Any]) -> None:
+    for key in (IDX, DEV, POD):
+        del _annotations(pod)[key]
+
+
+def garbage_index(pod: dict[str, Any]) -> None:
+    _annotations(pod)[IDX] = "no-gpu-has-8MiB-to-run"
+
+
+def record_for_other_gpu(pod: dict[str, Any]) -> None:
+    intent = json.loads(_annotations(pod)["gpushare.io/intent"])
+    _annotations(pod)["gpushare.io/allocation"] = json.dumps({
+        "version": 1, "allocationId": intent["allocationId"], "node": NODE, "gpu": {"index": 1, "uuid": "GPU-z"},
+        "containers": {},
+    })
+
+
+@pytest.mark.parametrize(
+    ("edit", "reason", "text"),
+    [
+        (no_intent, "GpuShareNoIntent", "has no gpushare.io/intent annotation"),
+        (other_key, "GpuShareBadSignature", "signature does not verify"),
+        (other_namespace, "GpuShareBadSignature", "signature does not verify"),
+        (spec_changed, "GpuShareBadIntent", "does not match its intent"),
+        (index_out_of_range, "GpuShareBadAssignment", "index 7, which node node-a does not have"),
+        (dev_differs, "GpuShareBadAssignment", "says GPU 0 has 16 GiB"),
+        (wrong_node, "GpuShareRefused", "bound to node 'node-b'"),
+        (pod_total_differs, "GpuShareBadAssignment", "ALIYUN_COM_GPU_MEM_POD is 2"),
+        (not_placed, "GpuShareNotPlaced", "no ALIYUN_COM_GPU_MEM_IDX annotation"),
+        (garbage_index, "GpuShareBadAssignment", "not a non-negative decimal integer"),
+        (record_for_other_gpu, "GpuShareBadAssignment", "bad allocation record"),
+    ],
+)
+def test_refusals_name_the_pod_and_the_fix(  # noqa: PLR0917
+    edit: Callable[[dict[str, Any]], None], reason: str, text: str,
+    inventory: Inventory, signer: Ed25519PrivateKey, contract: Contract,
+) -> None:
+    pod = good_pod(contract, signer)
+    edit(pod)
+    with pytest.raises(Refusal) as caught:
+        validate(pod, ["main"], IDS, ctx_for(inventory, signer, contract), [])
+    assert caught.value.reason == reason
+    assert text in caught.value.message
+    assert "'main'" in caught.value.message and "/p" in caught.value.message
+
+
+def test_container_holding_other_than_its_intent_is_refused(
+    inventory: Inventory, signer: Ed25519PrivateKey, contract: Contract
+) -> None:
+    with pytest.raises(Refusal, match="holds 3 GiB of devices but its intent asks for 4 GiB"):
+        validate(good_pod(contract, signer), ["main"], IDS[:3], ctx_for(inventory, signer, contract), [])
+
+
+def test_unhealthy_gpu_is_refused(inventory: Inventory, signer: Ed25519PrivateKey, contract: Contract) -> None:
+    inventory.set_health(0, False)
+    with pytest.raises(Refusal, match="unhealthy"):
+        validate(good_pod(contract, signer), ["main"], IDS, ctx_for(inventory, signer, contract), [])
+
+
+def test_gpu_without_room_is_refused(inventory: Inventory, signer: Ed25519PrivateKey, contract: Contract) -> None:
+    others = [
+        bound(assign(stamped(spec_pod(f"o{i}", {"main": 3}), contract, signer), 0, 8), uid=f"o{i}") for i in range(2)
+    ]
+    finished = bound(assign(stamped(spec_pod("done", {"main": 8}), contract, signer), 0, 8), uid="done")
+    finished["status"]["phase"] = "Succeeded"  # holds nothing any more
+    elsewhere = bound(assign(stamped(spec_pod("far", {"main": 8}), contract, signer), 0, 8), node="node-b", uid="f")
+    with pytest.raises(Refusal, match="6 of its 8 GiB are already promised to team/o0 \\(3\\), team/o1 \\(3\\)"):
+        validate(good_pod(contract, signer), ["main"], IDS, ctx_for(inventory, signer, contract),
+                 [*others, finished, elsewhere])
+    # One neighbour of 3 leaves room for 4.
+    verdict = validate(good_pod(contract, signer), ["main"], IDS, ctx_for(inventory, signer, contract), others[:1])
+    assert isinstance(verdict, Accepted)
+
+
+def test_node_placement_asks_for_a_gpu(inventory: Inventory, signer: Ed25519PrivateKey, contract: Contract) -> None:
+    pod = good_pod(contract, signer)
+    not_placed(pod)
+    verdict = validate(pod, ["main"], IDS, ctx_for(inventory, signer, contract, "node"), [])
+    assert isinstance(verdict, NeedsPlacement) and verdict.intent.total == 4
+
+
+def test_accepted_records_and_is_idempotent(
+    inventory: Inventory, signer: Ed25519PrivateKey, contract: Contract
+) -> None:
+    pod = bound(assign(stamped(spec_pod("p", {"a": 2, "b": 3}, init={"setup": 2}), contract, signer), 1, 8))
+    ctx = ctx_for(inventory, signer, contract)
+    first = validate(pod, ["setup", "a"], IDS[:2], ctx, [pod])
+    assert isinstance(first, Accepted)
+    assert first.gpu.index == 1 and first.patch[ASSIGNED] == "true"
+    _annotations(pod).update(first.patch)
+    again = validate(pod, ["setup", "a"], IDS[:2], ctx, [pod])
+    assert isinstance(again, Accepted) and again.patch == {}
+    second = validate(pod, ["b"], IDS[:3], ctx, [pod])
+    assert isinstance(second, Accepted)
+    record = parse_allocation(second.patch["gpushare.io/allocation"])
+    assert record.gpu_uuid == inventory.gpus[1].uuid and record.node == NODE
+    assert {n: (s.units, s.slot) for n, s in record.containers.items()} == {
+        "setup": (2, slot_of(IDS[:2])), "a": (2, slot_of(IDS[:2])), "b": (3, slot_of(IDS[:3])),
+    }
+    assert ASSIGNED not in second.patch
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Usage, best fit and Allocate-time candidates.
+
+GPUS = [Gpu(0, "GPU-a", 8), Gpu(1, "GPU-b", 8), Gpu(2, "GPU-c", 16)]
+
+
+@pytest.mark.parametrize(
+    ("used", "need", "unhealthy", "expected"),
+    [
+        ({}, 4, set(), 0),
+        ({0: 6}, 4, set(), 1),
+        ({0: 5, 1: 3}, 3, set(), 0),
+        ({0: 2, 1: 2}, 6, set(), 0),
+        ({0: 8, 1: 8}, 9, set(), 2),
+        ({0: 8, 1: 8, 2: 10}, 7, set(), None),
+        ({}, 4, {0}, 1),
+        ({}, 17, set(), None),
+    ],
+)
+def test_best_fit(used: dict[int, int], need: int, unhealthy: set[int], expected: int | None) -> None:
+    gpu = best_fit(GPUS, used, need, lambda i: i not in unhealthy)
+    assert (gpu.index if gpu else None) == expected
+
+
+def test_usage_counts_live_placed_pods_on_this_node(signer: Ed25519PrivateKey, contract: Contract) -> None:
+    pods = [
+        bound(assign(stamped(spec_pod("a", {"m": 3}), contract, signer), 0, 8), uid="a"),
+        bound(assign(stamped(spec_pod("b", {"m": 2}), contract, signer), 1, 8), uid="b"),
+        bound(assign(stamped(spec_pod("c", {"m": 1}), contract, signer), 1, 8), uid="c"),
+        bound(stamped(spec_pod("d", {"m": 5}), contract, signer), uid="d"),
+    ]
+    assert usage_by_gpu(pods, NODE, "aliyun.com/gpu-mem") == {0: 3, 1: 3}
+    assert usage_by_gpu(pods, NODE, "aliyun.com/gpu-mem", exclude_uid="b") == {0: 3, 1: 1}
+
+
+def test_allocation_candidates(inventory: Inventory, signer: Ed25519PrivateKey, contract: Contract) -> None:
+    ctx = ctx_for(inventory, signer, contract)
+    ok = good_pod(contract, signer)
+    unstamped = bound(assign(spec_pod("raw", {"main": 2}), 0, 8), uid="raw")
+    unplaced = bound(stamped(spec_pod("free", {"main": 3}), contract, signer), uid="free")
+    pods = [ok, unstamped, unplaced]
+    assert allocation_candidates(pods, 4, "s", ctx) == (["team/p"], [])
+    found, notes = allocation_candidates(pods, 2, "s", ctx)
+    assert found == [] and "has no gpushare.io/intent annotation" in notes[0]
+    found, notes = allocation_candidates(pods, 3, "s", ctx)
+    assert found == [] and "extender" in notes[0]
+    assert allocation_candidates(pods, 3, "s", ctx_for(inventory, signer, contract, "node"))[0] == ["team/free"]
+    assert allocation_candidates(pods, 5, "s", ctx) == ([], [])
+    # A container already recorded with another slot holds devices: not a candidate; its own slot is.
+    verdict = validate(ok, ["main"], IDS, ctx, [])
+    assert isinstance(verdict, Accepted)
+    _annotations(ok).update(verdict.patch)
+    assert allocation_candidates([ok], 4, "other-slot", ctx)[0] == []
+    assert allocation_candidates([ok], 4, slot_of(IDS), ctx)[0] == ["team/p"]

@@ -61,7 +61,7 @@ def candidates(pods: Sequence[Pod], resource: str) -> list[Pod]:
 class BaselinePlugin:
     """A device plugin speaking the kubelet protocol over a unix socket, with the reference plugin's Allocate."""
 
-    def __init__(self, node: str, plugin_dir: str, gpus: Sequence[Gpu], api: PodApi, unit: str = "GiB",
+    def __init__(self, node: str, plugin_dir: str, gpus: Sequence[Gpu], api: PodApi, *, unit: str = "GiB",
                  resource: str = DEFAULT_RESOURCE, endpoint: str = "gpushare-baseline.sock") -> None:
         self.node = node
         self.plugin_dir = plugin_dir

@@ -30,7 +30,7 @@ class PodApi(Protocol):
         self, resource_version: str, *, node: str | None = None, label_selector: str | None = None,
         timeout_s: float = 1.0,
     ) -> Iterator[tuple[str, Pod]]:
-        """(ADDED|MODIFIED|DELETED, pod) after resource_version, ending after timeout_s; raises ApiError with code 410."""
+        """(ADDED|MODIFIED|DELETED, pod) after resource_version, ending after timeout_s; ApiError 410 if too old."""
         ...
 
     def get_pod(self, namespace: str, name: str) -> Pod | None: ...

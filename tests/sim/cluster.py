@@ -1,0 +1,214 @@
+"""Wiring of one simulated cluster: the test API server, the real webhook, plugins, kubelets and the extender.
+
+`ours`: the webhook's configurations from manifests/base/admission.yaml are loaded into the API server (the
+Service routes to a running gunicorn webhook) and every node runs the real `deviceplugin.main.Plugin`,
+which reaches the API server through a kubeconfig with its own service-account token.
+`baseline`: no webhook at all (the reference deployment has none) and every node runs `BaselinePlugin`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import random
+import shutil
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, Protocol
+
+from deviceplugin.inventory import fake_gpus
+from tests.sim.apiserver import ApiServer
+from tests.sim.auth import service_account, user
+from tests.sim.baseline import BaselinePlugin
+from tests.sim.configs import load_yaml_documents
+from tests.sim.extender import Extender, SimNode
+from tests.sim.invariants import Observation
+from tests.sim.kubelet import Kubelet, KubeletConfig
+from tests.sim.ports import Pod, PodApi
+from tests.sim.replicaset import ReplicaSet
+
+log = logging.getLogger(__name__)
+
+REPO = Path(__file__).resolve().parents[2]
+ADMISSION_MANIFEST = REPO / "manifests" / "base" / "admission.yaml"
+PLUGIN_SA = service_account("gpushare-system", "gpushare-device-plugin")
+EXTENDER_SA = service_account("kube-system", "gpushare-schd-extender")
+RS_SA = service_account("kube-system", "replicaset-controller")
+USER = user("alice", "developers")
+
+PluginKind = Literal["ours", "baseline"]
+
+
+class Webhook(Protocol):
+    """What the cluster needs of a running webhook (tests.support.webhook_server.RunningWebhook has it)."""
+
+    url: str
+    ca_pem: bytes
+    public_key_path: Path
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    nodes: int = 1
+    gpus: str = "2x8GiB"  # per node, GPUSHARE_FAKE_GPUS syntax
+    plugin: PluginKind = "ours"
+    delivery: str = "env"
+    unit: str = "GiB"
+    seed: int = 0
+    pull_delay: tuple[float, float] = (0.01, 0.05)
+    max_jitter_s: float = 0.02
+
+
+class Cluster:
+    """Start with start() (or `with`); close() stops every actor and server and removes the temp directory."""
+
+    def __init__(self, spec: ClusterSpec, webhook: Webhook | None = None) -> None:
+        if spec.plugin == "ours" and webhook is None:
+            raise ValueError("the `ours` cluster needs a running webhook (tests.support.webhook_server)")
+        self.spec = spec
+        self.webhook = webhook
+        self.workdir = Path(tempfile.mkdtemp(prefix="gpushare-sim-"))
+        self.api = ApiServer(deletion="kubelet")
+        self.kubelets: list[Kubelet] = []
+        self.plugins: list[BaselinePlugin | _OurPlugin] = []
+        self.replicasets: list[ReplicaSet] = []
+        self.extender: Extender | None = None
+        self._user: PodApi | None = None
+        self._admin: PodApi | None = None
+
+    @property
+    def user(self) -> PodApi:
+        """An ordinary user (alice): what `kubectl create` by a developer goes through."""
+        if self._user is None:
+            raise RuntimeError("the cluster is not started; call start() or use it as a context manager")
+        return self._user
+
+    @property
+    def admin(self) -> PodApi:
+        if self._admin is None:
+            raise RuntimeError("the cluster is not started; call start() or use it as a context manager")
+        return self._admin
+
+    def __enter__(self) -> Cluster:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def start(self) -> None:
+        try:
+            self._start()
+        except BaseException:
+            self.close()
+            raise
+
+    def _start(self) -> None:
+        spec = self.spec
+        self.api.start()
+        self._user = self.api.client(self.api.add_user(USER))
+        self._admin = self.api.client()
+        if spec.plugin == "ours":
+            assert self.webhook is not None
+            self.api.add_service("gpushare-system", "gpushare-webhook", 443, self.webhook.url)
+            docs = load_yaml_documents(ADMISSION_MANIFEST.read_text())
+            self.api.load_webhook_configurations(docs, ca_pem=self.webhook.ca_pem)
+        plugin_token = self.api.add_user(PLUGIN_SA)
+        nodes = []
+        for i in range(spec.nodes):
+            name = f"node-{i}"
+            gpus = tuple(fake_gpus(spec.gpus, name, spec.unit))
+            nodes.append(SimNode(name, gpus))
+            node_client = self.api.client(self.api.add_user(user(f"system:node:{name}", "system:nodes")))
+            config = KubeletConfig(name, str(self.workdir / name), gpus, pull_delay=self._pull_delay,
+                                   seed=spec.seed * 100 + i)
+            kubelet = Kubelet(config, node_client)
+            kubelet.start()
+            self.kubelets.append(kubelet)
+            self.plugins.append(self._plugin(kubelet, plugin_token))
+            if not kubelet.wait_registered(15):
+                raise RuntimeError(f"the {spec.plugin} device plugin on {name} did not register with the kubelet")
+        self.extender = Extender(self.api.client(self.api.add_user(EXTENDER_SA)), nodes, seed=spec.seed,
+                                 max_jitter_s=spec.max_jitter_s)
+        self.extender.start()
+
+    def _plugin(self, kubelet: Kubelet, token: str) -> BaselinePlugin | _OurPlugin:
+        cfg = kubelet.config
+        if self.spec.plugin == "baseline":
+            baseline = BaselinePlugin(cfg.node, cfg.plugin_dir, cfg.gpus, self.api.client(token), unit=self.spec.unit)
+            baseline.start()
+            return baseline
+        from deviceplugin.main import Plugin
+        from deviceplugin.settings import settings_from
+
+        assert self.webhook is not None
+        kubeconfig = self.api.write_kubeconfig(self.workdir / f"{cfg.node}.kubeconfig", token, "gpushare-plugin")
+        settings = settings_from({
+            "GPUSHARE_NODE_NAME": cfg.node,
+            "GPUSHARE_VERIFY_KEY": str(self.webhook.public_key_path),
+            "GPUSHARE_FAKE_GPUS": self.spec.gpus,
+            "GPUSHARE_UNIT": self.spec.unit,
+            "GPUSHARE_DELIVERY": self.spec.delivery,
+            "GPUSHARE_DEVICE_PLUGIN_DIR": cfg.plugin_dir,
+            "GPUSHARE_POD_RESOURCES_SOCKET": cfg.pod_resources_socket,
+            "GPUSHARE_KUBELET_CHECKPOINT": cfg.checkpoint,
+            "GPUSHARE_CDI_DIR": cfg.cdi_dir,
+            "GPUSHARE_KUBECONFIG": str(kubeconfig),
+        })
+        # Poll the kubelet socket often: simulated restarts are milliseconds apart, not seconds.
+        settings = dataclasses.replace(settings, watch_interval_seconds=0.05)
+        plugin = Plugin(settings)
+        plugin.start()
+        return _OurPlugin(plugin.stop)
+
+    def _pull_delay(self, pod: Pod) -> float:
+        low, high = self.spec.pull_delay
+        name = (pod.get("metadata") or {}).get("name", "")
+        return random.Random(f"{self.spec.seed}/{name}").uniform(low, high)
+
+    def replicaset(self, namespace: str, name: str, replicas: int, template: Pod) -> ReplicaSet:
+        rs = ReplicaSet(self.api.client(self.api.add_user(RS_SA)), namespace, name, replicas, template)
+        rs.start()
+        self.replicasets.append(rs)
+        return rs
+
+    def observe(self, namespace: str, deleted: set[str]) -> Observation:
+        pods = [p for p in self.admin.list_pods()[0] if (p.get("metadata") or {}).get("namespace") == namespace]
+        extender = self.extender
+        waiting = {**extender.unschedulable, **extender.bind_errors} if extender is not None else {}
+        return Observation(
+            pods=pods,
+            runs=[r for k in self.kubelets for r in list(k.runs) if r.namespace == namespace],
+            gpus={k.config.node: k.config.gpus for k in self.kubelets},
+            held={k.config.node: set(k.devices.by_pod()) for k in self.kubelets},
+            deleted=deleted,
+            unschedulable=waiting,
+        )
+
+    def close(self) -> None:
+        for rs in self.replicasets:
+            rs.close()
+        if self.extender is not None:
+            self.extender.close()
+        for plugin in self.plugins:
+            with contextlib.suppress(Exception):
+                plugin.close()
+        for kubelet in self.kubelets:
+            kubelet.close()
+        self.api.stop()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+@dataclass(frozen=True)
+class _OurPlugin:
+    stop: Callable[[], None]
+
+    def close(self) -> None:
+        self.stop()
+
+
+def node_names(cluster: Cluster) -> Sequence[str]:
+    return [k.config.node for k in cluster.kubelets]

@@ -1,0 +1,165 @@
+"""The invariants a simulated run must hold, judged from the final pods and what every container saw (pure)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from deviceplugin.inventory import Gpu
+from tests.sim.kubelet import ContainerRun
+from tests.sim.ports import Pod
+from webhook.protocol import POD, ProtocolError, parse_assignment, read_annotations
+
+
+@dataclass(frozen=True)
+class Violation:
+    kind: str  # wrong-gpu | made-up-device | overcommit | no-message | not-released
+    pod: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Observation:
+    """Everything the checker needs, gathered once the cluster has settled."""
+
+    pods: Sequence[Pod]  # live pods from the API server
+    runs: Sequence[ContainerRun]  # every container start attempt on every node
+    gpus: Mapping[str, Sequence[Gpu]]  # node -> inventory
+    held: Mapping[str, set[str]]  # node -> pod UIDs the kubelet still holds devices for
+    deleted: set[str] = field(default_factory=set)  # UIDs the scenario deleted
+    unschedulable: Mapping[str, str] = field(default_factory=dict)  # UID -> the scheduler's reason
+
+
+@dataclass(frozen=True)
+class Summary:
+    pods: int
+    started: int
+    right_gpu: int
+    made_up_ids: int
+    failed_clearly: int
+    other: int
+
+
+def _ref(pod: Pod) -> str:
+    meta = pod.get("metadata") or {}
+    return f"{meta.get('namespace')}/{meta.get('name')}"
+
+
+def _index(annotations: Mapping[str, str]) -> int | None:
+    try:
+        return parse_assignment(annotations).index
+    except ProtocolError:
+        return None
+
+
+def latest_runs(runs: Sequence[ContainerRun]) -> dict[tuple[str, str], ContainerRun]:
+    out: dict[tuple[str, str], ContainerRun] = {}
+    for run in runs:
+        out[(run.pod_uid, run.container)] = run
+    return out
+
+
+def _phase(pod: Pod) -> str:
+    return str((pod.get("status") or {}).get("phase") or "Pending")
+
+
+def _blocked_message(pod: Pod) -> str:
+    status = pod.get("status") or {}
+    for item in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
+        waiting = (item.get("state") or {}).get("waiting") or {}
+        if waiting.get("message"):
+            return str(waiting["message"])
+    return ""
+
+
+def check(obs: Observation) -> list[Violation]:
+    out: list[Violation] = []
+    alive = {(p.get("metadata") or {}).get("uid", ""): p for p in obs.pods}
+    for run in obs.runs:
+        ref = f"{run.namespace}/{run.pod}"
+        if run.made_up:
+            out.append(Violation("made-up-device", ref, f"container {run.container!r} of pod {ref} on {run.node} "
+                                 f"was handed NVIDIA_VISIBLE_DEVICES={run.visible!r}, which names no GPU"))
+        if not run.started or not run.units:
+            continue
+        current = alive.get(run.pod_uid)
+        recorded = _index(read_annotations(current)) if current is not None else None
+        if recorded is None:
+            recorded = _index(run.annotations)
+        if run.gpus != ((recorded,) if recorded is not None else ()) or recorded is None:
+            out.append(Violation("wrong-gpu", ref, f"container {run.container!r} of pod {ref} on {run.node} sees "
+                                 f"GPU {list(run.gpus)} but its pod records GPU {recorded}"))
+    out += _capacity(obs, alive)
+    out += _end_states(obs, alive)
+    for node, uids in obs.held.items():
+        for uid in uids & obs.deleted:
+            out.append(Violation("not-released", uid, f"deleted pod {uid} still holds devices on {node}"))
+    for uid in obs.deleted & alive.keys():
+        out.append(Violation("not-released", _ref(alive[uid]), f"deleted pod {_ref(alive[uid])} is still there"))
+    return out
+
+
+def _capacity(obs: Observation, alive: Mapping[str, Pod]) -> list[Violation]:
+    out: list[Violation] = []
+    recorded: dict[tuple[str, int], int] = {}
+    for pod in alive.values():
+        node = (pod.get("spec") or {}).get("nodeName")
+        annotations = read_annotations(pod)
+        index = _index(annotations)
+        if not node or index is None or _phase(pod) in ("Succeeded", "Failed") or POD not in annotations:
+            continue
+        recorded[(node, index)] = recorded.get((node, index), 0) + int(annotations[POD])
+    actual: dict[tuple[str, int], int] = {}
+    for (uid, _), run in latest_runs(obs.runs).items():
+        if uid in alive and run.started and run.units and not run.init:
+            for index in run.gpus:
+                actual[(run.node, index)] = actual.get((run.node, index), 0) + run.units
+    for what, table in (("recorded allocations", recorded), ("running containers", actual)):
+        for (node, index), units in sorted(table.items()):
+            memory = next((g.memory_units for g in obs.gpus.get(node, ()) if g.index == index), 0)
+            if units > memory:
+                out.append(Violation("overcommit", f"{node}/gpu{index}", f"the {what} on {node} GPU {index} add up "
+                                     f"to {units} units, more than its {memory}"))
+    return out
+
+
+def _end_states(obs: Observation, alive: Mapping[str, Pod]) -> list[Violation]:
+    out: list[Violation] = []
+    for uid, pod in alive.items():
+        phase = _phase(pod)
+        ref = _ref(pod)
+        if phase in ("Running", "Succeeded"):
+            continue
+        if phase == "Failed" and (pod.get("status") or {}).get("message"):
+            continue
+        if phase == "Pending" and ((pod.get("spec") or {}).get("nodeName") and _blocked_message(pod)):
+            continue
+        if phase == "Pending" and uid in obs.unschedulable:
+            continue
+        out.append(Violation("no-message", ref, f"pod {ref} ended {phase} without a message naming the cause"))
+    return out
+
+
+def summarize(obs: Observation) -> Summary:
+    """The demo's columns, over live pods."""
+    alive = {(p.get("metadata") or {}).get("uid", ""): p for p in obs.pods}
+    latest = latest_runs(obs.runs)
+    started = right = clear = other = 0
+    for uid, pod in alive.items():
+        phase = _phase(pod)
+        runs = [r for (u, _), r in latest.items() if u == uid and r.units and not r.init]
+        if phase == "Running":
+            started += 1
+            index = _index(read_annotations(pod))
+            if runs and all(r.started and r.gpus == (index,) for r in runs):
+                right += 1
+        elif any(r.made_up for r in runs):
+            other += 1  # "unknown device id" names no cause a person can act on
+        elif (phase == "Failed" and (pod.get("status") or {}).get("message")) or _blocked_message(pod):
+            clear += 1
+        else:
+            other += 1
+    made_up = sum(1 for r in obs.runs if r.made_up)
+    return Summary(len(alive), started, right, made_up, clear, other)
+
+

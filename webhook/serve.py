@@ -125,7 +125,7 @@ def curl_line(bind: str, directory: Path) -> str:
     if host in ("", "0.0.0.0", "[::]", "::"):
         host = "127.0.0.1"
     return (
-        f"curl --cacert {directory / 'ca.crt'} -H 'Content-Type: application/json' "
+        f"curl -sS --cacert {directory / 'ca.crt'} -H 'Content-Type: application/json' "
         f"--data @{directory / SAMPLE_REVIEW} https://{host}:{port}/mutate"
     )
 

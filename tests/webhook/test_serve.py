@@ -90,7 +90,7 @@ def test_first_load_failure_is_raised(tmp_path: Path) -> None:
 )
 def test_curl_line(bind: str, url: str) -> None:
     line = curl_line(bind, Path("/d"))
-    assert line == f"curl --cacert /d/ca.crt -H 'Content-Type: application/json' --data @/d/{SAMPLE_REVIEW} {url}"
+    assert line == f"curl -sS --cacert /d/ca.crt -H 'Content-Type: application/json' --data @/d/{SAMPLE_REVIEW} {url}"
 
 
 def test_sample_review_is_a_valid_review() -> None:

@@ -189,12 +189,21 @@ def _env_problems(pod: Pod, contract: Contract, total: int) -> list[str]:
             wanted = (
                 {e["name"]: _normal_env(e) for e in expected_env(units, total)} if contract.delivery == "env" else {}
             )
+            entries = [e for e in container.get("env") or [] if isinstance(e, dict)]
             seen: set[str] = set()
-            for entry in container.get("env") or []:
-                name = entry.get("name") if isinstance(entry, dict) else None
-                if name not in RESERVED_ENV or name in seen or _normal_env(entry) == wanted.get(name):
+            for entry in entries:
+                name = entry.get("name")
+                if name not in RESERVED_ENV or name in seen:
                     continue
                 seen.add(name)
+                count = sum(1 for e in entries if e.get("name") == name)
+                if count > 1:
+                    problems.append(
+                        f"container {container.get('name')!r} defines {name} {count} times; keep at most one entry"
+                    )
+                    continue
+                if _normal_env(entry) == wanted.get(name):
+                    continue
                 how = (
                     "the gpushare webhook defines it from the scheduler's GPU choice (env delivery)"
                     if contract.delivery == "env"

@@ -109,6 +109,8 @@ CREATE_DENIALS = [
         "fieldPath": "metadata.annotations['mine']"}}}]), POLICY, "sets NVIDIA_VISIBLE_DEVICES itself"),
     ("any reserved env in cdi mode", stamped(with_env(pod(container("a", 2)), expected_env(2, 2)), Contract(
         delivery="cdi")), CDI_POLICY, "come from the CDI device (cdi delivery); remove the NVIDIA_VISIBLE_DEVICES"),
+    ("reserved env defined twice", with_env(GPU, [*expected_env(2, 2), expected_env(2, 2)[0]]), POLICY,
+     "Container 'a' defines NVIDIA_VISIBLE_DEVICES 2 times; keep at most one entry"),
     ("limit over the largest GPU", stamped(pod(container("big", 200))), POLICY,
      "Container 'big' asks for 200 GiB of aliyun.com/gpu-mem, more than the largest GPU holds (192 GiB"),
     ("malformed limit", pod(container("a", "1.5")), POLICY, "is '1.5', which is not a whole number of units"),

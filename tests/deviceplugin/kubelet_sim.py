@@ -1,0 +1,222 @@
+"""An in-process test kubelet over real unix sockets: Registration and PodResourcesLister servers from our
+protos, and a real DevicePlugin client that allocates devices and starts containers like the kubelet does."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import os
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import grpc
+
+from deviceplugin.api import deviceplugin_pb2 as pb
+from deviceplugin.api import deviceplugin_pb2_grpc, podresources_pb2, podresources_pb2_grpc
+
+RESOURCE = "aliyun.com/gpu-mem"
+
+
+@dataclass
+class Registered:
+    request: pb.RegisterRequest
+    plugin_was_serving: bool
+
+
+@dataclass
+class Admitted:
+    """What the kubelet keeps per container after Allocate: its device IDs and the plugin's answer."""
+
+    namespace: str
+    pod: str
+    container: str
+    device_ids: list[str]
+    response: pb.ContainerAllocateResponse
+
+
+@dataclass
+class _State:
+    registrations: list[Registered] = field(default_factory=list)
+    assignments: dict[tuple[str, str, str], list[str]] = field(default_factory=dict)
+    devices: dict[str, str] = field(default_factory=dict)  # device ID -> health, from ListAndWatch
+    lists_seen: int = 0
+
+
+class TestKubelet:
+    __test__ = False  # not a pytest class
+
+    def __init__(self, plugin_dir: str, pod_resources_socket: str) -> None:
+        self.plugin_dir = plugin_dir
+        self.pod_resources_socket = pod_resources_socket
+        self.state = _State()
+        self.changed = threading.Condition()
+        self._registration: grpc.Server | None = None
+        self._pod_resources: grpc.Server | None = None
+        self._channel: grpc.Channel | None = None
+        self._watch: threading.Thread | None = None
+        self.list_calls = 0
+
+    # -- servers ---------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        os.makedirs(self.plugin_dir, exist_ok=True)
+        self._start_registration()
+        self._pod_resources = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=4))
+        podresources_pb2_grpc.add_PodResourcesListerServicer_to_server(  # type: ignore[no-untyped-call]
+            _Lister(self), self._pod_resources
+        )
+        self._pod_resources.add_insecure_port("unix://" + self.pod_resources_socket)
+        self._pod_resources.start()
+
+    def _start_registration(self) -> None:
+        self._registration = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=4))
+        deviceplugin_pb2_grpc.add_RegistrationServicer_to_server(  # type: ignore[no-untyped-call]
+            _Registration(self), self._registration
+        )
+        self._registration.add_insecure_port("unix://" + os.path.join(self.plugin_dir, "kubelet.sock"))
+        self._registration.start()
+
+    def restart(self) -> None:
+        """What a kubelet restart looks like to a plugin: every socket in the directory is deleted, then a new
+        kubelet.sock is served."""
+        self.close_plugin_channel()
+        if self._registration is not None:
+            self._registration.stop(grace=None).wait()
+        for name in os.listdir(self.plugin_dir):
+            path = os.path.join(self.plugin_dir, name)
+            if name.endswith(".sock"):
+                os.unlink(path)
+        self._start_registration()
+
+    def stop(self) -> None:
+        self.close_plugin_channel()
+        for server in (self._registration, self._pod_resources):
+            if server is not None:
+                server.stop(grace=None).wait()
+
+    def close_plugin_channel(self) -> None:
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = None
+        if self._watch is not None:
+            self._watch.join(timeout=5)
+            self._watch = None
+
+    # -- the plugin side -------------------------------------------------------------------------------
+
+    def wait_registrations(self, count: int, timeout: float = 20) -> list[Registered]:
+        with self.changed:
+            self.changed.wait_for(lambda: len(self.state.registrations) >= count, timeout)
+            return list(self.state.registrations)
+
+    def plugin(self) -> deviceplugin_pb2_grpc.DevicePluginStub:
+        """A client of the last registered plugin; its ListAndWatch stream is followed in the background."""
+        if self._channel is None:
+            endpoint = self.state.registrations[-1].request.endpoint
+            self._channel = grpc.insecure_channel("unix://" + os.path.join(self.plugin_dir, endpoint))
+            stub = deviceplugin_pb2_grpc.DevicePluginStub(self._channel)  # type: ignore[no-untyped-call]
+            self._watch = threading.Thread(target=self._follow, args=(stub,), daemon=True)
+            self._watch.start()
+            return stub
+        return deviceplugin_pb2_grpc.DevicePluginStub(self._channel)  # type: ignore[no-untyped-call]
+
+    def _follow(self, stub: deviceplugin_pb2_grpc.DevicePluginStub) -> None:
+        with contextlib.suppress(grpc.RpcError):
+            stream: Iterator[pb.ListAndWatchResponse] = stub.ListAndWatch(pb.Empty())
+            for message in stream:
+                with self.changed:
+                    self.state.devices = {d.ID: d.health for d in message.devices}
+                    self.state.lists_seen += 1
+                    self.changed.notify_all()
+
+    def wait_lists(self, count: int, timeout: float = 20) -> dict[str, str]:
+        with self.changed:
+            self.changed.wait_for(lambda: self.state.lists_seen >= count, timeout)
+            return dict(self.state.devices)
+
+    def free_devices(self) -> list[str]:
+        with self.changed:
+            used = {d for ids in self.state.assignments.values() for d in ids}
+            return sorted(d for d, h in self.state.devices.items() if h == "Healthy" and d not in used)
+
+    def admit(
+        self, namespace: str, pod: str, containers: Sequence[tuple[str, int]], init: Sequence[tuple[str, int]] = (),
+        pick: Sequence[str] | None = None,
+    ) -> list[Admitted]:
+        """Allocate like the kubelet: init containers first, one call per container; app containers reuse the
+        init containers' devices first; the assignment is recorded after Allocate returns."""
+        self.plugin()
+        self.wait_lists(1)
+        out = []
+        reusable: list[str] = []
+        free = list(pick) if pick is not None else self.free_devices()
+        for kind, entries in (("init", init), ("app", containers)):
+            for name, units in entries:
+                if kind == "app":
+                    ids = reusable[:units] + [d for d in free if d not in reusable][: max(0, units - len(reusable))]
+                else:
+                    ids = free[:units]
+                    reusable = ids if len(ids) > len(reusable) else reusable
+                free = [d for d in free if d not in ids]
+                request = pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=ids)])
+                answer = self.plugin().Allocate(request, timeout=20)
+                with self.changed:
+                    self.state.assignments[(namespace, pod, name)] = list(ids)
+                out.append(Admitted(namespace, pod, name, list(ids), answer.container_responses[0]))
+        return out
+
+    def start_container(self, namespace: str, pod: str, container: str) -> None:
+        ids = self.state.assignments[(namespace, pod, container)]
+        self.plugin().PreStartContainer(pb.PreStartContainerRequest(devices_ids=ids), timeout=30)
+
+    def forget(self, namespace: str, pod: str) -> None:
+        """The pod is gone from the kubelet (deleted): its devices are free again."""
+        with self.changed:
+            for key in [k for k in self.state.assignments if k[:2] == (namespace, pod)]:
+                del self.state.assignments[key]
+
+    def listing(self) -> podresources_pb2.ListPodResourcesResponse:
+        with self.changed:
+            self.list_calls += 1
+            pods: dict[tuple[str, str], list[podresources_pb2.ContainerResources]] = {}
+            for (namespace, pod, container), ids in self.state.assignments.items():
+                devices = podresources_pb2.ContainerDevices(resource_name=RESOURCE, device_ids=ids)
+                pods.setdefault((namespace, pod), []).append(
+                    podresources_pb2.ContainerResources(name=container, devices=[devices])
+                )
+        return podresources_pb2.ListPodResourcesResponse(
+            pod_resources=[
+                podresources_pb2.PodResources(name=name, namespace=ns, containers=containers)
+                for (ns, name), containers in pods.items()
+            ]
+        )
+
+
+class _Registration(deviceplugin_pb2_grpc.RegistrationServicer):
+    def __init__(self, kubelet: TestKubelet) -> None:
+        self.kubelet = kubelet
+
+    def Register(self, request: pb.RegisterRequest, context: grpc.ServicerContext) -> pb.Empty:
+        # The kubelet dials the plugin's endpoint right away: the plugin must already be serving.
+        path = os.path.join(self.kubelet.plugin_dir, request.endpoint)
+        serving = False
+        if os.path.exists(path):
+            with grpc.insecure_channel("unix://" + path) as channel:
+                stub = deviceplugin_pb2_grpc.DevicePluginStub(channel)  # type: ignore[no-untyped-call]
+                with contextlib.suppress(grpc.RpcError):
+                    serving = stub.GetDevicePluginOptions(pb.Empty(), timeout=5).pre_start_required
+        with self.kubelet.changed:
+            self.kubelet.state.registrations.append(Registered(request, serving))
+            self.kubelet.changed.notify_all()
+        return pb.Empty()
+
+
+class _Lister(podresources_pb2_grpc.PodResourcesListerServicer):
+    def __init__(self, kubelet: TestKubelet) -> None:
+        self.kubelet = kubelet
+
+    def List(
+        self, request: podresources_pb2.ListPodResourcesRequest, context: grpc.ServicerContext
+    ) -> podresources_pb2.ListPodResourcesResponse:
+        return self.kubelet.listing()

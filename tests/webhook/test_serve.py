@@ -167,3 +167,17 @@ def test_python_m_webhook_serve_prints_a_working_curl_line(tmp_path: Path) -> No
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait(timeout=15)
+
+
+@pytest.mark.timeout(60)
+def test_gunicorn_config_with_bad_settings_exits_2_with_the_variable_named() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUSHARE_")}
+    env["GPUSHARE_DELIVERY"] = "carrier-pigeon"
+    out = subprocess.run(
+        [sys.executable, "-m", "gunicorn", "-c", str(REPO / "gunicorn.conf.py")], cwd=REPO, env=env,
+        capture_output=True, text=True, timeout=30, check=False,
+    )
+    assert out.returncode == 2
+    assert "The webhook cannot start:" in out.stderr
+    assert "GPUSHARE_DELIVERY" in out.stderr
+    assert "Traceback" not in out.stderr

@@ -64,7 +64,7 @@ def _stamped_intent(
     """(intent, keep): the webhook's own earlier intent if one is present, and whether it still fits the spec.
 
     An intent whose signature verifies for this namespace was made by this webhook (a reinvocation). If it no
-    longer matches the spec (another webhook changed the containers since) it is re-stamped with the same id.
+    longer matches the spec (another webhook changed the containers since) the pod is stamped again.
     """
     text = annotations.get(contract.intent_key)
     signature = annotations.get(contract.signature_key)
@@ -113,8 +113,8 @@ def mutate(
     if previous is not None and keep:
         intent = previous
     else:
-        allocation_id = previous.allocation_id if previous is not None else new_id()
-        intent = intent_for(demand, contract, allocation_id)
+        # A fresh id also when re-stamping: a genuine intent copied from another pod must not lend it its id.
+        intent = intent_for(demand, contract, new_id())
         text = intent.to_json()
         meta = edited.setdefault("metadata", {})
         if not isinstance(meta.get("annotations"), dict):

@@ -99,13 +99,16 @@ def test_already_stamped_pod_gets_no_second_patch() -> None:
     assert mutate(stamped(pod(container("a", 2)), CDI), NS, CDI, KEY, counter("second")) == []
 
 
-def test_reinvocation_after_a_spec_change_restamps_with_the_same_allocation_id() -> None:
+def test_reinvocation_after_a_spec_change_stamps_again() -> None:
     once = stamped(pod(container("a", 2)))
     once["spec"]["containers"].append(container("late", 3))  # another webhook added a GPU container
-    _, out = apply(once)
-    intent = parse_intent(out["metadata"]["annotations"][INTENT])
-    assert intent.allocation_id == "alloc-1"
+    ops = mutate(once, NS, ENV, KEY, counter("again"))
+    out = jsonpatch.apply_patch(once, ops)
+    annotations = out["metadata"]["annotations"]
+    intent = parse_intent(annotations[INTENT])
+    assert intent.allocation_id == "again-1"
     assert intent.total == 5
+    assert signing.verify(KEY.public_key(), annotations[INTENT], NS, annotations[SIGNATURE])
     assert env_names(out["spec"]["containers"][1]) == env_names({"env": expected_env(3, 5)})
 
 

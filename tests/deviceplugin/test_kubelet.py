@@ -5,56 +5,16 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
 import grpc
 import pytest
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from deviceplugin.inventory import Inventory, fake_gpus
-from deviceplugin.main import Plugin
 from deviceplugin.resolve import slot_of
-from tests.deviceplugin.fakes import NODE, FakeApiServer, assign, plugin_settings, spec_pod, stamped
-from tests.deviceplugin.kubelet_sim import TestKubelet
-from webhook.protocol import ASSIGNED, IDX, Contract, parse_allocation
+from tests.deviceplugin.fakes import NODE, assign, spec_pod, stamped
+from tests.deviceplugin.rig import Rig, make_rig
+from webhook.protocol import ASSIGNED, IDX, parse_allocation
 
 pytestmark = pytest.mark.timeout(60)
-
-
-@dataclass
-class Rig:
-    kubelet: TestKubelet
-    plugin: Plugin
-    api: FakeApiServer
-    inventory: Inventory
-    signer: Ed25519PrivateKey
-    contract: Contract
-    tmp: Path
-
-    def pod(self, name: str, containers: dict[str, int], index: int | None = 0,
-            init: dict[str, int] | None = None) -> dict[str, Any]:
-        pod = stamped(spec_pod(name, containers, init), self.contract, self.signer)
-        if index is not None:
-            pod = assign(pod, index, 8)
-        return self.api.add(pod)
-
-
-def make_rig(tmp: Path, **env: str) -> Iterator[Rig]:
-    settings = plugin_settings(str(tmp), **env)
-    inventory = Inventory(fake_gpus("2x8GiB", NODE, "GiB"), "GiB", 4096)
-    api = FakeApiServer()
-    signer = Ed25519PrivateKey.generate()
-    kubelet = TestKubelet(settings.device_plugin_dir, settings.pod_resources_socket)
-    kubelet.start()
-    plugin = Plugin(settings, api=api, inventory=inventory, public_key=signer.public_key())
-    plugin.start()
-    try:
-        yield Rig(kubelet, plugin, api, inventory, signer, settings.contract, tmp)
-    finally:
-        plugin.stop()
-        kubelet.stop()
 
 
 @pytest.fixture

@@ -34,9 +34,9 @@ def test_keys_round_trip_through_pem() -> None:
 
 
 def test_wrong_key_material_is_refused_with_the_file_named() -> None:
-    with pytest.raises(signing.SigningKeyError, match="signing.key is not an unencrypted PEM private key"):
+    with pytest.raises(signing.SigningKeyError, match=r"signing\.key is not an unencrypted PEM private key"):
         signing.load_private_key(b"hello", "signing.key")
-    with pytest.raises(signing.SigningKeyError, match="signing.pub is not a PEM public key"):
+    with pytest.raises(signing.SigningKeyError, match=r"signing\.pub is not a PEM public key"):
         signing.load_public_key(b"hello", "signing.pub")
     from cryptography.hazmat.primitives import serialization
 

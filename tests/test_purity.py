@@ -1,0 +1,38 @@
+"""Decisions are pure: the contract, mutation, validation, review, signing and resolution modules import
+neither Flask, nor grpc, nor the kubernetes client (STYLE.md rule 1)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+PURE = [
+    "webhook.protocol",
+    "webhook.signing",
+    "webhook.review",
+    "webhook.mutate",
+    "webhook.validate",
+    "deviceplugin.resolve",
+]
+FORBIDDEN = ("flask", "werkzeug", "grpc", "kubernetes", "gunicorn")
+
+
+@pytest.mark.parametrize("module", PURE)
+def test_pure_module_imports_no_io_framework(module: str) -> None:
+    probe = (
+        "import importlib, sys\n"
+        f"importlib.import_module({module!r})\n"
+        f"bad = sorted(m for m in sys.modules if m.split('.')[0] in {FORBIDDEN!r})\n"
+        "print(','.join(bad))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "", f"{module} pulls in {out.stdout.strip()}"
+
+
+def test_the_probe_can_fail() -> None:
+    """The same probe sees a framework when one is imported, so the check above is not vacuous."""
+    probe = "import sys, flask\nprint(','.join(m for m in sys.modules if m.split('.')[0] == 'flask'))"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert "flask" in out.stdout

@@ -113,7 +113,8 @@ class KubeApiServer:
                 response.close()
             except Exception:  # closing a half-read stream may raise from urllib3; nothing to do
                 log.debug("closing the pod watch stream failed", exc_info=True)
-        self._thread.join(timeout=5)
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
         self._api_client.close()  # type: ignore[no-untyped-call]
 
     # -- reads -----------------------------------------------------------------------------------------

@@ -76,7 +76,6 @@ def check_answers(rig: Rig, admitted: Mapping[str, Admitted]) -> None:
         assert not a.response.devices and not a.response.mounts and not a.response.annotations
 
 
-
 def check_started(
     rig: Rig, started: set[str], chosen: Mapping[str, int], admitted: Mapping[str, Admitted]
 ) -> dict[int, int]:

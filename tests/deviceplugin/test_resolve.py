@@ -207,7 +207,7 @@ def record_for_other_gpu(pod: dict[str, Any]) -> None:
         (record_for_other_gpu, "GpuShareBadAssignment", "bad allocation record"),
     ],
 )
-def test_refusals_name_the_pod_and_the_fix(  # noqa: PLR0917
+def test_refusals_name_the_pod_and_the_fix(
     edit: Callable[[dict[str, Any]], None], reason: str, text: str,
     inventory: Inventory, signer: Ed25519PrivateKey, contract: Contract,
 ) -> None:

@@ -1,0 +1,87 @@
+"""The process entry: settings errors, start failures, and a whole run against the test kubelet and HTTP API."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from deviceplugin.main import main, run
+from tests.deviceplugin.fakes import plugin_settings
+from tests.deviceplugin.kube_http import FakeKube, write_kubeconfig
+from tests.deviceplugin.kubelet_sim import TestKubelet
+from webhook.signing import public_pem
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def test_missing_node_name_is_a_clear_error(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("GPUSHARE_NODE_NAME", raising=False)
+    assert main([]) == 2
+    assert "GPUSHARE_NODE_NAME is not set" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("env", "error"),
+    [
+        ({"GPUSHARE_FAKE_GPUS": "lots"}, "GPUSHARE_FAKE_GPUS='lots' is not COUNTxMEMORY"),
+        ({"GPUSHARE_FAKE_GPUS": "2x24GiB", "GPUSHARE_UNIT": "MiB"}, "more than GPUSHARE_MAX_DEVICES=4096"),
+        ({"GPUSHARE_VERIFY_KEY": "/nonexistent/signing.pub"}, "mount the gpushare-verify-key ConfigMap"),
+    ],
+)
+def test_start_failures_exit_2_with_the_reason(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, env: dict[str, str], error: str
+) -> None:
+    settings = plugin_settings(str(tmp_path), **env)
+    assert run(settings, threading.Event()) == 2
+    assert error in caplog.text
+
+
+def test_help_runs_as_a_module() -> None:
+    out = subprocess.run([sys.executable, "-m", "deviceplugin.main", "--help"], capture_output=True, text=True,
+                         check=True)
+    assert "--fake-gpus" in out.stdout and "GPUSHARE_" in out.stdout
+
+
+def test_run_serves_registers_and_cleans_up(tmp_path_factory: pytest.TempPathFactory) -> None:
+    tmp = tmp_path_factory.mktemp("m")
+    key = tmp / "signing.pub"
+    key.write_bytes(public_pem(Ed25519PrivateKey.generate().public_key()))
+    server = FakeKube()
+    http = threading.Thread(target=server.serve_forever, daemon=True)
+    http.start()
+    settings = plugin_settings(
+        str(tmp), GPUSHARE_VERIFY_KEY=str(key),
+        GPUSHARE_KUBECONFIG=write_kubeconfig(tmp / "kubeconfig", server.server_address[1]),
+    )
+    kubelet = TestKubelet(settings.device_plugin_dir, settings.pod_resources_socket)
+    kubelet.start()
+    stop = threading.Event()
+    codes: list[int] = []
+    runner = threading.Thread(target=lambda: codes.append(run(settings, stop)))
+    runner.start()
+    try:
+        (registered,) = kubelet.wait_registrations(1)
+        assert registered.plugin_was_serving
+        kubelet.plugin()
+        assert len(kubelet.wait_lists(1)) == 16
+        assert os.path.exists(settings.socket_path)
+    finally:
+        kubelet.close_plugin_channel()
+        stop.set()
+        runner.join(timeout=30)
+        server.closing.set()
+        server.shutdown()
+        server.server_close()
+        kubelet.stop()
+    assert codes == [0]
+    assert not os.path.exists(settings.socket_path)
+    capacity = [r[3] for r in server.requests if r[1] == "/api/v1/nodes/node-a/status"]
+    assert capacity == [{"status": {"capacity": {"aliyun.com/gpu-count": "2"}}}]

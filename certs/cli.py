@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from certs import commands
 from certs.build import DEFAULT_NAMESPACE, DEFAULT_SERVICE, DEV_HOSTS, SECRET_FILES, dev_bundle
 
 DEV_FILES = ("ca.crt", "ca.key", "tls.crt", "tls.key", "signing.key", "signing.pub")
@@ -76,7 +77,7 @@ def register_dev(subparsers: Subparsers) -> None:
 
 
 # One entry per subcommand module; a cluster `install`/`rotate` command adds its register function here.
-REGISTRARS: tuple[Callable[[Subparsers], None], ...] = (register_dev,)
+REGISTRARS: tuple[Callable[[Subparsers], None], ...] = (register_dev, commands.register)
 
 
 def build_parser() -> argparse.ArgumentParser:

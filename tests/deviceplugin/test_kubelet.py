@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from collections.abc import Iterator
+from typing import Any
 
 import grpc
 import pytest
@@ -12,7 +14,7 @@ import pytest
 from deviceplugin.resolve import slot_of
 from tests.deviceplugin.fakes import NODE, assign, spec_pod, stamped
 from tests.deviceplugin.rig import Rig, make_rig
-from webhook.protocol import ASSIGNED, IDX, parse_allocation
+from webhook.protocol import ASSIGNED, IDX, Contract, parse_allocation
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -219,3 +221,52 @@ def test_checkpoint_fallback_when_pod_resources_is_missing(rig: Rig) -> None:
 
     rig.kubelet.plugin().PreStartContainer(pb.PreStartContainerRequest(devices_ids=admitted.device_ids))
     assert rig.api.pod("team", "p")["metadata"]["annotations"][ASSIGNED] == "true"
+
+
+def test_env_mode_refuses_a_container_without_the_webhooks_env(rig: Rig) -> None:
+    rig.kubelet.wait_registrations(1)
+    cdi_stamped = stamped(spec_pod("p", {"main": 2}), Contract(delivery="cdi"), rig.signer)  # no env injected
+    rig.api.add(assign(cdi_stamped, 0, 8))
+    rig.kubelet.admit("team", "p", [("main", 2)])
+    with pytest.raises(grpc.RpcError) as caught:
+        rig.kubelet.start_container("team", "p", "main")
+    text = caught.value.details() or ""
+    assert "pod team/p container 'main' lacks the gpushare webhook's GPU environment" in text
+    assert "NVIDIA_VISIBLE_DEVICES is missing" in text and "GPUSHARE_DELIVERY=env" in text
+    assert [e[2] for e in rig.api.events] == ["GpuShareNoEnv"]
+
+
+def test_unreachable_api_server_fails_allocate_loudly(rig: Rig) -> None:
+    rig.kubelet.wait_registrations(1)
+    rig.pod("p", {"main": 2})
+    rig.api.fail = True
+    with pytest.raises(grpc.RpcError) as caught:
+        rig.kubelet.admit("team", "p", [("main", 2)])
+    assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert "could not read node node-a's pods" in (caught.value.details() or "")
+
+
+@pytest.fixture
+def slow_rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
+    yield from make_rig(tmp_path_factory.mktemp("s"), GPUSHARE_RPC_TIMEOUT_SECONDS="0.5")
+
+
+def test_a_hung_api_server_cannot_hang_the_kubelet(slow_rig: Rig) -> None:
+    rig = slow_rig
+    rig.kubelet.wait_registrations(1)
+    rig.pod("p", {"main": 2})
+    release = threading.Event()
+    original = rig.api.node_pods
+
+    def hung() -> list[dict[str, Any]]:
+        release.wait(10)
+        return original()
+
+    rig.api.node_pods = hung  # type: ignore[method-assign]
+    try:
+        with pytest.raises(grpc.RpcError) as caught:
+            rig.kubelet.admit("team", "p", [("main", 2)])
+    finally:
+        release.set()
+    assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert "could not answer Allocate within 0.5 s (GPUSHARE_RPC_TIMEOUT_SECONDS)" in (caught.value.details() or "")

@@ -45,6 +45,10 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     block_on_close = False
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that hangs up mid-request (kubectl --timeout, a closed watch) is routine in tests.
+        log.debug("connection from %s ended with an error", client_address)
+
 
 class ApiServer:
     """Pods, nodes, events, namespaces, secrets, configmaps and webhook configurations, with admission.

@@ -98,16 +98,20 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
-    def _body(self) -> Any:
+    def _read_raw(self) -> bytes:
+        """Read the whole body first, so an early error never leaves bytes that break the next keep-alive request."""
         length = int(self.headers.get("Content-Length") or 0)
         if length > self.api.max_body_bytes:
+            self.close_connection = True
             raise ApiError(413, f"the request body of {length} bytes is larger than the limit of "
                            f"{self.api.max_body_bytes} bytes")
-        raw = self.rfile.read(length) if length else b""
-        if not raw:
+        return self.rfile.read(length) if length else b""
+
+    def _body(self) -> Any:
+        if not self._raw:
             return None
         try:
-            return json.loads(raw)
+            return json.loads(self._raw)
         except ValueError:
             media = (self.headers.get("Content-Type") or "").split(";")[0].strip()
             raise bad_request(f"the request body is not valid JSON (content type {media or 'unset'}); "
@@ -122,7 +126,9 @@ class Handler(BaseHTTPRequestHandler):
         return found
 
     def _dispatch(self, method: str) -> None:
+        self._raw = b""
         try:
+            self._raw = self._read_raw()
             url = urllib.parse.urlsplit(self.path)
             query = {k: v[-1] for k, v in urllib.parse.parse_qs(url.query, keep_blank_values=True).items()}
             parts = [urllib.parse.unquote(p) for p in url.path.split("/") if p]

@@ -386,4 +386,5 @@ def allocation_candidates(
         names = [*intent.containers, *intent.init_containers]
         if any(intent.units_of(n) == units and (n not in recorded or recorded[n].slot == slot) for n in names):
             found.append(ref)
+            break  # one is enough: the check only proves the devices go to some validated pod
     return found, notes

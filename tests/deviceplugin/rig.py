@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Generator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,7 +34,7 @@ class Rig:
         return self.api.add(pod)
 
 
-def make_rig(tmp: Path, gpus: str = "2x8GiB", **env: str) -> Iterator[Rig]:
+def make_rig(tmp: Path, gpus: str = "2x8GiB", **env: str) -> Generator[Rig, None, None]:
     settings = plugin_settings(str(tmp), **env)
     inventory = Inventory(fake_gpus(gpus, NODE, "GiB"), "GiB", 4096)
     api = FakeApiServer()

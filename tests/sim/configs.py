@@ -39,6 +39,19 @@ def webhook_configurations(objects: Iterable[Mapping[str, Any]], ca_pem: bytes |
     return out
 
 
+REPO = Path(__file__).resolve().parents[2]
+OVERLAY = REPO / "manifests" / "self-signed"
+BASE_ADMISSION = REPO / "manifests" / "base" / "admission.yaml"
+
+
+def project_webhook_objects() -> list[Obj]:
+    """The project's webhook configurations: the rendered self-signed overlay where kubectl is installed,
+    else the base admission.yaml as written (the overlay does not change the configurations)."""
+    if shutil.which("kubectl") is not None and OVERLAY.is_dir():
+        return render_kustomize(OVERLAY)
+    return load_yaml_documents(BASE_ADMISSION.read_text())
+
+
 def render_kustomize(directory: Path | str) -> list[Obj]:
     """`kubectl kustomize DIR` parsed into objects; raises FileNotFoundError when kubectl is absent."""
     kubectl = shutil.which("kubectl")

@@ -109,6 +109,9 @@ def post_review(client_config: Mapping[str, Any], services: ServiceMap, review: 
         payload = response.read()
     except TimeoutError as exc:
         raise CallError(f'failed to call webhook: Post "{target.shown_url}": context deadline exceeded') from exc
+    except ConnectionRefusedError as exc:
+        raise CallError(f'failed to call webhook: Post "{target.shown_url}": dial tcp {target.connect_host}:'
+                        f"{target.connect_port}: connect: connection refused") from exc
     except ssl.SSLCertVerificationError as exc:
         raise CallError(f'failed to call webhook: Post "{target.shown_url}": tls: failed to verify certificate: '
                         f"{exc.verify_message}") from exc

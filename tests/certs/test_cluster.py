@@ -17,6 +17,7 @@ from cryptography import x509
 
 from certs.cli import main, write_files
 from certs.plan import CA_SECRET, SIGNING_SECRET, TLS_SECRET, VERIFY_CONFIGMAP
+from tests.manifests import rbac
 from tests.manifests.render import MANIFESTS
 
 sim = pytest.importorskip("tests.sim.apiserver", reason="the simulated API server (tests/sim) is not available")
@@ -243,3 +244,24 @@ def test_clear_messages_when_the_cluster_or_a_permission_is_missing(
     err = capsys.readouterr().err
     assert expected in err
     assert err.strip().endswith(".") and "Traceback" not in err
+
+
+def test_the_signing_key_job_works_with_exactly_its_role(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rendered = pytest.importorskip("tests.manifests.render").render("cert-manager")
+    job = next(o for o in rendered if o["kind"] == "Job")
+    argv = job["spec"]["template"]["spec"]["containers"][0]["command"][1:]
+    from certs.cli import build_parser
+
+    args = build_parser().parse_args(argv)
+    assert args.subcommand == "signing-key" and args.in_cluster and args.namespace == NS
+    with sim.ApiServer(authorize=rbac.authorizer(rendered)) as api:
+        token = api.add_user(sim_auth.service_account(NS, "gpushare-certs"))
+        kubeconfig = str(api.write_kubeconfig(tmp_path / "kubeconfig", token))
+        as_job = ["signing-key", "--namespace", NS, "--kubeconfig", kubeconfig]
+        assert main(as_job) == 0
+        assert main(as_job) == 0  # a second run only reads
+        assert set(secret(api, SIGNING_SECRET)) == {"signing.key"}
+        capsys.readouterr()
+        # Its Role is for the signing key alone: a full install is refused, and says why.
+        assert main(["install", "--kubeconfig", kubeconfig]) == 1
+        assert "403 Forbidden" in capsys.readouterr().err

@@ -57,8 +57,9 @@ def merge_patch(target: Any, patch: Any) -> Any:
 
 def _merge_keyed_list(field: str, original: list[Any], patch: list[Any]) -> list[Any]:
     key = MERGE_KEYS[field]
-    if any(isinstance(item, dict) and item.get("$patch") == "replace" for item in patch):
-        return [_strip(item) for item in patch if not (isinstance(item, dict) and item.get("$patch") == "replace")]
+    directive = {"$patch": "replace"}
+    if directive in patch:
+        return [_strip(item) for item in patch if item != directive]
     result = copy.deepcopy(original)
     for item in patch:
         if not isinstance(item, dict) or key not in item:

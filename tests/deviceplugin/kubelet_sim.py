@@ -56,6 +56,7 @@ class TestKubelet:
         self._channel: grpc.Channel | None = None
         self._watch: threading.Thread | None = None
         self.list_calls = 0
+        self.list_failures: list[grpc.StatusCode] = []  # answers of the next List calls, before real ones
 
     # -- servers ---------------------------------------------------------------------------------------
 
@@ -219,4 +220,7 @@ class _Lister(podresources_pb2_grpc.PodResourcesListerServicer):
     def List(
         self, request: podresources_pb2.ListPodResourcesRequest, context: grpc.ServicerContext
     ) -> podresources_pb2.ListPodResourcesResponse:
+        if self.kubelet.list_failures:
+            self.kubelet.list_calls += 1
+            context.abort(self.kubelet.list_failures.pop(0), "test kubelet says no")
         return self.kubelet.listing()

@@ -270,3 +270,33 @@ def test_a_hung_api_server_cannot_hang_the_kubelet(slow_rig: Rig) -> None:
         release.set()
     assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
     assert "could not answer Allocate within 0.5 s (GPUSHARE_RPC_TIMEOUT_SECONDS)" in (caught.value.details() or "")
+
+
+def test_rate_limited_pod_resources_is_retried(rig: Rig) -> None:
+    rig.kubelet.wait_registrations(1)
+    rig.pod("p", {"main": 2})
+    rig.kubelet.admit("team", "p", [("main", 2)])
+    rig.kubelet.list_failures = [grpc.StatusCode.RESOURCE_EXHAUSTED] * 2
+    rig.kubelet.list_calls = 0
+    rig.kubelet.start_container("team", "p", "main")
+    assert rig.kubelet.list_calls == 3
+    assert rig.api.pod("team", "p")["metadata"]["annotations"][ASSIGNED] == "true"
+
+
+def test_unimplemented_pod_resources_falls_back_to_the_checkpoint(rig: Rig) -> None:
+    rig.kubelet.wait_registrations(1)
+    rig.pod("p", {"main": 2})
+    (admitted,) = rig.kubelet.admit("team", "p", [("main", 2)])
+    rig.kubelet.list_failures = [grpc.StatusCode.UNIMPLEMENTED]
+    with pytest.raises(grpc.RpcError) as caught:  # no checkpoint file either: a clear error, no guess
+        rig.kubelet.start_container("team", "p", "main")
+    assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+    text = caught.value.details() or ""
+    assert "PodResources List failed: UNIMPLEMENTED" in text and "kubelet_internal_checkpoint" in text
+    uid = rig.api.pod("team", "p")["metadata"]["uid"]
+    with open(rig.plugin.settings.kubelet_checkpoint, "w") as handle:
+        json.dump({"Data": {"PodDeviceEntries": [{"PodUID": uid, "ContainerName": "main",
+                   "ResourceName": "aliyun.com/gpu-mem", "DeviceIDs": admitted.device_ids}]}, "Checksum": 0}, handle)
+    rig.kubelet.list_failures = [grpc.StatusCode.UNIMPLEMENTED]
+    rig.kubelet.start_container("team", "p", "main")
+    assert rig.api.pod("team", "p")["metadata"]["annotations"][ASSIGNED] == "true"

@@ -11,6 +11,7 @@ from typing import Any
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from deviceplugin.inventory import Gpu
+from deviceplugin.placement import live_on_node, usage_on_gpu
 from webhook import signing
 from webhook.protocol import (
     ASSIGNED,
@@ -32,8 +33,6 @@ from webhook.protocol import (
     pod_ref,
     read_annotations,
 )
-
-TERMINAL_PHASES = ("Succeeded", "Failed")
 
 
 def slot_of(device_ids: Iterable[str]) -> str:
@@ -281,72 +280,6 @@ def validate(
     if assignment.assigned is not True:
         patch[ASSIGNED] = "true"
     return Accepted(ref, intent, gpu, slot, allocation, patch)
-
-
-# ---------------------------------------------------------------------------------------------------------
-# What this node's GPUs already carry, and best-fit placement.
-
-
-def live_on_node(pod: Mapping[str, Any], node_name: str) -> bool:
-    return (pod.get("spec") or {}).get("nodeName") == node_name and (pod.get("status") or {}).get(
-        "phase"
-    ) not in TERMINAL_PHASES
-
-
-def promised_units(pod: Mapping[str, Any], resource: str) -> tuple[int | None, int]:
-    """(GPU index, units) a pod holds by its annotations; index None when it is not placed."""
-    try:
-        assignment: Assignment = parse_assignment(read_annotations(pod))
-    except ProtocolError:
-        return None, 0
-    if assignment.index is None:
-        return None, 0
-    if assignment.pod_units is not None:
-        return assignment.index, assignment.pod_units
-    try:
-        return assignment.index, demand_of(pod, resource).total
-    except ProtocolError:
-        return assignment.index, 0
-
-
-def usage_by_gpu(
-    pods: Sequence[Mapping[str, Any]], node_name: str, resource: str, exclude_uid: str = ""
-) -> dict[int, int]:
-    used: dict[int, int] = {}
-    for pod in pods:
-        if not live_on_node(pod, node_name) or (pod.get("metadata") or {}).get("uid") == exclude_uid:
-            continue
-        index, units = promised_units(pod, resource)
-        if index is not None:
-            used[index] = used.get(index, 0) + units
-    return used
-
-
-def usage_on_gpu(
-    pods: Sequence[Mapping[str, Any]], node_name: str, index: int, exclude_uid: str, resource: str
-) -> tuple[int, list[str]]:
-    used, users = 0, []
-    for pod in pods:
-        if not live_on_node(pod, node_name) or (pod.get("metadata") or {}).get("uid") == exclude_uid:
-            continue
-        gpu_index, units = promised_units(pod, resource)
-        if gpu_index == index and units:
-            used += units
-            users.append(f"{pod_ref(pod)} ({units})")
-    return used, users
-
-
-def best_fit(gpus: Sequence[Gpu], used: Mapping[int, int], need: int, healthy: Callable[[int], bool]) -> Gpu | None:
-    """The healthy GPU with the least free room that still fits `need` (lowest index on ties)."""
-    fitting = [g for g in gpus if healthy(g.index) and g.memory_units - used.get(g.index, 0) >= need]
-    if not fitting:
-        return None
-    return min(fitting, key=lambda g: (g.memory_units - used.get(g.index, 0), g.index))
-
-
-def placement_annotations(gpu: Gpu, intent: Intent, now_ns: int) -> dict[str, str]:
-    return Assignment(gpu.index, gpu.memory_units, intent.total, now_ns, False).annotations()
-
 
 
 def allocation_candidates(

@@ -15,6 +15,7 @@ from deviceplugin.apiserver import ApiServer, ApiServerError, Conflict
 from deviceplugin.cdi import CdiStore, present
 from deviceplugin.inventory import Inventory
 from deviceplugin.kubelet import KubeletUnavailable
+from deviceplugin.placement import best_fit, placement_annotations, usage_by_gpu
 from deviceplugin.resolve import (
     Accepted,
     Context,
@@ -23,11 +24,8 @@ from deviceplugin.resolve import (
     Owner,
     Refusal,
     allocation_candidates,
-    best_fit,
     find_owner,
-    placement_annotations,
     slot_of,
-    usage_by_gpu,
     validate,
 )
 from deviceplugin.settings import PluginSettings

@@ -11,6 +11,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from deviceplugin.inventory import Gpu, Inventory
+from deviceplugin.placement import best_fit, usage_by_gpu
 from deviceplugin.resolve import (
     Accepted,
     Context,
@@ -18,11 +19,9 @@ from deviceplugin.resolve import (
     NeedsPlacement,
     Refusal,
     allocation_candidates,
-    best_fit,
     find_owner,
     holdings_from_checkpoint,
     slot_of,
-    usage_by_gpu,
     validate,
 )
 from tests.deviceplugin.fakes import NODE, assign, spec_pod, stamped

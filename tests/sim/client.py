@@ -76,6 +76,7 @@ class SimClient:
         self._context = client_context(ca_pem)
         self._local = threading.local()
         self._username = username
+        self.warnings: list[str] = []  # admission warnings of the last answer on any thread (for tests)
 
     @property
     def user(self) -> str:
@@ -110,6 +111,8 @@ class SimClient:
                 conn.close()
                 if attempt:
                     raise
+        self.warnings = [w.split(" ", 2)[2].strip('"') for w in response.headers.get_all("Warning") or []
+                         if w.count(" ") >= 2]
         decoded: Any = json.loads(payload) if payload.strip().startswith(b"{") else payload.decode(errors="replace")
         if response.status >= 300:
             if isinstance(decoded, dict):

@@ -56,6 +56,21 @@ class Registry:
         self.grace_cap = grace_cap
         self._timers: list[threading.Timer] = []
         self._timers_lock = threading.Lock()
+        self._local = threading.local()
+
+    def _sink(self) -> list[str]:
+        """This thread's admission warnings; the HTTP handler sends them as `Warning` headers."""
+        sink: list[str] | None = getattr(self._local, "warnings", None)
+        if sink is None:
+            sink = []
+            self._local.warnings = sink
+        return sink
+
+    def take_warnings(self) -> list[str]:
+        sink = self._sink()
+        taken = list(dict.fromkeys(sink))
+        sink.clear()
+        return taken
 
     def close(self) -> None:
         with self._timers_lock:
@@ -92,7 +107,7 @@ class Registry:
         metadata = strategy.meta(obj)
         ns = namespace if resource.namespaced else ""
         attrs = Attributes(resource, "CREATE", ns, str(metadata.get("name") or ""), obj, None, user, dry_run=dry_run,
-                           options=_options("CreateOptions", dry_run))
+                           options=_options("CreateOptions", dry_run), warnings=self._sink())
         obj = self.chain.admit(attrs) or obj
         strategy.decode(resource, obj, namespace)
         strategy.before_create(resource, obj)
@@ -143,6 +158,7 @@ class Registry:
             strategy.meta(new)["resourceVersion"] = current["metadata"]["resourceVersion"]
             strategy.prepare_update(resource, subresource, new, current)
             attrs = Attributes(resource, "UPDATE", ns, name, new, current, user, subresource=subresource,
+                               warnings=self._sink(),
                                dry_run=dry_run, options=_options("UpdateOptions", dry_run))
             new = self.chain.admit(attrs) or new
             strategy.prepare_update(resource, subresource, new, current)
@@ -172,7 +188,7 @@ class Registry:
                            f"UID in object meta: {current['metadata'].get('uid')}", resource.group)
         if pre.get("resourceVersion") and pre["resourceVersion"] != current["metadata"]["resourceVersion"]:
             raise stale(resource.plural, name, resource.group)
-        attrs = Attributes(resource, "DELETE", ns, name, None, current, user, dry_run=dry_run,
+        attrs = Attributes(resource, "DELETE", ns, name, None, current, user, dry_run=dry_run, warnings=self._sink(),
                            options=_options("DeleteOptions", dry_run, {k: v for k, v in options.items()
                                                                          if k not in ("kind", "apiVersion")}))
         self.chain.admit(attrs)
@@ -243,6 +259,7 @@ class Registry:
         if not node or target.get("kind") not in (None, "", "Node"):
             raise ApiError(422, f'Binding "{name}" is invalid: target.name: Required value: the node to bind to')
         attrs = Attributes(PODS, "CREATE", namespace, name, binding, None, user, subresource="binding",
+                           warnings=self._sink(),
                            kind="Binding", dry_run=dry_run, options=_options("CreateOptions", dry_run))
         binding = self.chain.admit(attrs) or binding
         attrs.obj = binding

@@ -415,6 +415,7 @@ def test_warnings_do_not_block(api: ApiServer, hook: FakeWebhook, authority: Aut
     hook.responder = lambda path, req: review(req, warnings=["careful"])
     install(api, configuration("Validating", "v", webhook("validate.test", "/validate", authority.cert_pem)))
     assert admin.create_pod("default", pod())["metadata"]["name"] == "p"
+    assert admin.warnings == ["careful"]
 
 
 def test_unappliable_patch_is_an_internal_error(api: ApiServer, hook: FakeWebhook, authority: Authority,

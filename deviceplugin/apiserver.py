@@ -182,7 +182,7 @@ class KubeApiServer:
             return method(*args, _preload_content=False, _request_timeout=self.timeout, **kwargs)
         except ApiException as exc:
             if exc.status == 404:
-                raise _NotFound(what) from exc
+                raise _NotFound(f"could not {what}: it does not exist (404 Not Found)") from exc
             if exc.status == 409:
                 raise Conflict(f"could not {what}: it changed meanwhile (409 Conflict)") from exc
             raise ApiServerError(f"could not {what}: HTTP {exc.status} {exc.reason}: {(exc.body or '')[:300]}") from exc

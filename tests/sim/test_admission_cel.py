@@ -40,6 +40,8 @@ VARIABLES: dict[str, Any] = {
         ("request.userInfo.groups.exists(g, g == 'devs')", True),
         ("'system:authenticated' in request.userInfo.groups", True),
         ("int(object.metadata.annotations['ALIYUN_COM_GPU_MEM_IDX']) == 1", True),
+        ("object.metadata.nosuch == 'x' && false", False),  # CEL's commutative && absorbs the error
+        ("object.metadata.nosuch == 'x' || true", True),
     ],
 )
 def test_supported(expression: str, expected: bool) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -85,3 +86,41 @@ def test_run_serves_registers_and_cleans_up(tmp_path_factory: pytest.TempPathFac
     assert not os.path.exists(settings.socket_path)
     capacity = [r[3] for r in server.requests if r[1] == "/api/v1/nodes/node-a/status"]
     assert capacity == [{"status": {"capacity": {"aliyun.com/gpu-count": "2"}}}]
+
+
+def test_the_process_stops_cleanly_on_sigterm(tmp_path_factory: pytest.TempPathFactory) -> None:
+    tmp = tmp_path_factory.mktemp("p")
+    key = tmp / "signing.pub"
+    key.write_bytes(public_pem(Ed25519PrivateKey.generate().public_key()))
+    server = FakeKube()
+    http = threading.Thread(target=server.serve_forever, daemon=True)
+    http.start()
+    settings = plugin_settings(str(tmp))
+    kubelet = TestKubelet(settings.device_plugin_dir, settings.pod_resources_socket)
+    kubelet.start()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUSHARE_")}
+    env.update({
+        "GPUSHARE_VERIFY_KEY": str(key), "GPUSHARE_DEVICE_PLUGIN_DIR": settings.device_plugin_dir,
+        "GPUSHARE_POD_RESOURCES_SOCKET": settings.pod_resources_socket, "GPUSHARE_CDI_DIR": settings.cdi_dir,
+        "GPUSHARE_KUBECONFIG": write_kubeconfig(tmp / "kubeconfig", server.server_address[1]),
+    })
+    process = subprocess.Popen(
+        [sys.executable, "-m", "deviceplugin.main", "--node-name", "node-a", "--fake-gpus", "1x4GiB"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        (registered,) = kubelet.wait_registrations(1, timeout=30)
+        assert registered.plugin_was_serving
+        process.send_signal(signal.SIGTERM)
+        output, _ = process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        server.closing.set()
+        server.shutdown()
+        server.server_close()
+        kubelet.stop()
+    assert process.returncode == 0, output
+    assert "received signal" in output and "socket" in output and "removed" in output
+    assert not os.path.exists(settings.socket_path)

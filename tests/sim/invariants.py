@@ -151,11 +151,12 @@ def summarize(obs: Observation) -> Summary:
         if phase == "Running":
             started += 1
             index = _index(read_annotations(pod))
-            if runs and all(r.started and r.gpus == (index,) for r in runs):
-                right += 1
+            if all(r.started and r.gpus == (index,) for r in runs):
+                right += 1  # a pod without GPU-share containers has nothing to get wrong
         elif any(r.made_up for r in runs):
             other += 1  # "unknown device id" names no cause a person can act on
-        elif (phase == "Failed" and (pod.get("status") or {}).get("message")) or _blocked_message(pod):
+        elif ((phase == "Failed" and (pod.get("status") or {}).get("message")) or _blocked_message(pod)
+              or uid in obs.unschedulable):
             clear += 1
         else:
             other += 1

@@ -34,12 +34,15 @@ class KubeletConfig:
     root: str  # this node's private directory: device-plugins/, pod-resources/, cdi/
     gpus: tuple[Gpu, ...]
     resource: str = DEFAULT_RESOURCE
-    pull_delay: Callable[[Pod], float] = _no_delay
+    pull_delay: Callable[[Pod], float] = _no_delay  # how long pulling this pod's images takes when absent
     seed: int = 0
     start_attempts: int = 4  # container start retries (the real kubelet backs off forever; bounded here)
     backoff_s: float = 0.05
     rpc_timeout_s: float = 30.0  # the real kubelet has none on Allocate; the simulation must never hang
     register_wait_s: float = 15.0
+    # Older kubelets cannot cancel an image pull: a pod deleted while pulling keeps its devices and stays
+    # Pending (with a deletionTimestamp) until the pull ends. That window is where the reference plugin fails.
+    cancel_pull: bool = False
 
     @property
     def plugin_dir(self) -> str:
@@ -104,6 +107,7 @@ class Kubelet:
         self._lock = threading.Condition()
         self._pods: dict[str, PodState] = {}
         self._queue: list[str] = []
+        self._images: dict[str, float] = {}
         self._closed = threading.Event()
         self._up = threading.Event()
         self._registered = threading.Event()
@@ -263,6 +267,20 @@ class Kubelet:
                 if not state.terminating:
                     self._admit(state)
 
+    def _pulled_at(self, pod: Pod) -> float:
+        """When this pod's images are on the node: the first pod of an image pulls it, later ones wait for that
+        pull or find the image present (images survive kubelet restarts)."""
+        spec = pod.get("spec") or {}
+        containers = [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]
+        images = {str(c.get("image", "")) for c in containers}
+        ready = time.monotonic()
+        with self._lock:
+            for image in sorted(images):
+                if image not in self._images:
+                    self._images[image] = time.monotonic() + self.config.pull_delay(pod)
+                ready = max(ready, self._images[image])
+        return ready
+
     def _containers(self, pod: Pod) -> list[tuple[dict[str, Any], bool, int]]:
         spec = pod.get("spec") or {}
         out = []
@@ -319,7 +337,9 @@ class Kubelet:
     # -- the pod worker: pull, then start init containers in order, then app containers -----------------
 
     def _work(self, state: PodState) -> None:
-        if state.cancel.wait(self.config.pull_delay(state.pod)):
+        interrupt = state.cancel if self.config.cancel_pull else self._closed
+        interrupt.wait(max(0.0, self._pulled_at(state.pod) - time.monotonic()))
+        if state.cancel.is_set() or self._closed.is_set():
             return
         statuses: list[dict[str, Any]] = []
         init_statuses: list[dict[str, Any]] = []

@@ -57,6 +57,12 @@ class ReplicaSet:
         with self._lock:
             return [p for p in self._pods.values() if _active(p)]
 
+    def settled(self) -> bool:
+        """No creation in flight and the group at its size (or its template refused by admission)."""
+        with self._lock:
+            active = len([p for p in self._pods.values() if _active(p)])
+            return self._creating == 0 and (active == self.replicas or bool(self.errors))
+
     def _pod_body(self) -> Pod:
         body = copy.deepcopy(self.template)
         meta: dict[str, Any] = body.setdefault("metadata", {})

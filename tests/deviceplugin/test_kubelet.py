@@ -300,3 +300,21 @@ def test_unimplemented_pod_resources_falls_back_to_the_checkpoint(rig: Rig) -> N
     rig.kubelet.list_failures = [grpc.StatusCode.UNIMPLEMENTED]
     rig.kubelet.start_container("team", "p", "main")
     assert rig.api.pod("team", "p")["metadata"]["annotations"][ASSIGNED] == "true"
+
+
+def test_preferred_allocation_keeps_required_devices_and_the_size(rig: Rig) -> None:
+    from deviceplugin.api import deviceplugin_pb2 as pb
+
+    (registered,) = rig.kubelet.wait_registrations(1)
+    assert registered.request.options.get_preferred_allocation_available
+    gpu0, gpu1 = (g.device_ids() for g in rig.inventory.gpus)
+    request = pb.PreferredAllocationRequest(container_requests=[
+        pb.ContainerPreferredAllocationRequest(
+            available_deviceIDs=gpu1[:3] + gpu0[:3], must_include_deviceIDs=[gpu1[2]], allocation_size=3
+        ),
+        pb.ContainerPreferredAllocationRequest(available_deviceIDs=gpu0[:2], allocation_size=2),
+    ])
+    answer = rig.kubelet.plugin().GetPreferredAllocation(request)
+    first, second = (list(r.deviceIDs) for r in answer.container_responses)
+    assert first[0] == gpu1[2] and len(first) == 3 and set(first) <= set(gpu1[:3] + gpu0[:3])
+    assert sorted(second) == sorted(gpu0[:2])

@@ -135,7 +135,7 @@ class Service:
         for _ in range(_PATCH_ATTEMPTS):
             pod = self._get(owner)
             try:
-                verdict = validate(pod, owner.containers, device_ids, self.context, self.api.node_pods())
+                verdict = self._validate(pod, owner, device_ids)
                 if isinstance(verdict, NeedsPlacement):
                     self._place(pod, verdict.intent)
                     continue
@@ -162,6 +162,15 @@ class Service:
             f"pod {owner.ref} changed {_PATCH_ATTEMPTS} times while its allocation was being recorded; the kubelet "
             "retries the container start",
         )
+
+    def _validate(self, pod: Mapping[str, Any], owner: Owner, device_ids: Sequence[str]) -> Accepted | NeedsPlacement:
+        try:
+            return validate(pod, owner.containers, device_ids, self.context, self.api.node_pods())
+        except Refusal as refusal:
+            if refusal.reason != "GpuShareNoRoom":
+                raise
+        # The watch cache may still list pods that are gone: judge the room on a fresh list before refusing.
+        return validate(pod, owner.containers, device_ids, self.context, self.api.list_node_pods())
 
     def _holdings(self) -> list[Holding]:
         try:

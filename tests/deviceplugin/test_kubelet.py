@@ -318,3 +318,21 @@ def test_preferred_allocation_keeps_required_devices_and_the_size(rig: Rig) -> N
     first, second = (list(r.deviceIDs) for r in answer.container_responses)
     assert first[0] == gpu1[2] and len(first) == 3 and set(first) <= set(gpu1[:3] + gpu0[:3])
     assert sorted(second) == sorted(gpu0[:2])
+
+
+def test_room_is_judged_on_a_fresh_list_before_refusing(rig: Rig) -> None:
+    rig.kubelet.wait_registrations(1)
+    rig.pod("old", {"main": 6})
+    rig.pod("p", {"main": 4})
+    rig.api.stale_cache = True
+    rig.api.refresh_cache()  # the watch cache still lists "old" after it is deleted
+    rig.api.delete("team", "old")
+    rig.kubelet.admit("team", "p", [("main", 4)])
+    rig.kubelet.start_container("team", "p", "main")
+    assert rig.api.pod("team", "p")["metadata"]["annotations"][ASSIGNED] == "true"
+    rig.pod("new", {"main": 5})  # 4 + 5 > 8 on GPU 0, in the cache and in a fresh list alike
+    rig.api.refresh_cache()
+    rig.kubelet.admit("team", "new", [("main", 5)])
+    with pytest.raises(grpc.RpcError) as caught:
+        rig.kubelet.start_container("team", "new", "main")
+    assert "but 4 of its 8 GiB are already promised to team/p (4)" in (caught.value.details() or "")

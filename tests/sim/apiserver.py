@@ -30,7 +30,7 @@ from tests.sim.kubeconfig import write_kubeconfig
 from tests.sim.registry import Deletion, Registry
 from tests.sim.resources import Resource, resource
 from tests.sim.status import ApiError
-from tests.sim.store import Store
+from tests.sim.store import HISTORY, Store
 from tests.sim.tls import Authority, server_context
 
 log = logging.getLogger(__name__)
@@ -67,10 +67,11 @@ class ApiServer:
         authorize: Authorizer | None = None,
         bookmark_interval: float = 5.0,
         max_body_bytes: int = 3 * 1024 * 1024,
+        history: int = HISTORY,
     ) -> None:
         self.authority = Authority("gpushare-sim-apiserver-ca")
         self._serving = self.authority.issue(["localhost", "kubernetes", "kubernetes.default.svc"], ["127.0.0.1"])
-        self.store = Store()
+        self.store = Store(history)
         self.tokens = Tokens()
         self.services: dict[tuple[str, str, int], str] = dict(services or {})
         self.chain = Chain(self.store, self.services, self._namespace_labels)

@@ -6,7 +6,9 @@ import contextlib
 import json
 import logging
 import queue
+import select
 import socket
+import ssl
 import time
 import urllib.parse
 from http.server import BaseHTTPRequestHandler
@@ -273,6 +275,8 @@ class Handler(BaseHTTPRequestHandler):
                 try:
                     event = watcher.events.get(timeout=min(0.2, left))
                 except queue.Empty:
+                    if self._client_gone():
+                        break
                     if bookmarks and time.monotonic() - last_sent > self.api.bookmark_interval:
                         self._bookmark(r)
                         last_sent = time.monotonic()
@@ -286,6 +290,16 @@ class Handler(BaseHTTPRequestHandler):
             pass  # the client went away
         finally:
             self.api.store.unwatch(watcher)
+
+    def _client_gone(self) -> bool:
+        """A watch client sends nothing, so a readable socket means it closed (FIN or TLS close_notify)."""
+        try:
+            readable, _, _ = select.select([self.connection], [], [], 0)
+            return bool(readable) and not self.connection.recv(1)
+        except ssl.SSLWantReadError:
+            return False  # part of a TLS record arrived; not a close yet
+        except OSError:
+            return True
 
     def _bookmark(self, r: Resource) -> None:
         rv = str(self.api.store.resource_version)

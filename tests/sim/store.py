@@ -188,6 +188,12 @@ class Store:
             self._watchers.append(watcher)
         return watcher
 
+    @property
+    def watch_count(self) -> int:
+        """Open watch streams (tests use it to check streams are released)."""
+        with self._lock:
+            return len(self._watchers)
+
     def unwatch(self, watcher: Watcher) -> None:
         with self._lock:
             if watcher in self._watchers:

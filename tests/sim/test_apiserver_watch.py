@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -82,8 +83,7 @@ def test_watch_is_live_and_label_transitions(admin: SimClient) -> None:
 
 
 def test_watch_too_old_resource_version_is_410(api: ApiServer) -> None:
-    with ApiServer() as small:
-        small.store._log = type(small.store._log)(maxlen=2)
+    with ApiServer(history=2) as small:
         client = small.client()
         for i in range(4):
             client.create_pod("default", pod(f"p{i}"))
@@ -189,3 +189,16 @@ def test_stop_ends_open_watches() -> None:
     server.stop()
     assert done.wait(10)
     server.stop()  # idempotent
+
+
+def test_closed_watch_is_released(api: ApiServer, admin: SimClient) -> None:
+    """A client that closes an idle watch frees the server's stream without waiting for timeoutSeconds."""
+    stream = admin.watch("pods", timeout_seconds=60)
+    deadline = time.monotonic() + 5
+    while not api.store.watch_count and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert api.store.watch_count == 1
+    stream.close()
+    while api.store.watch_count and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert api.store.watch_count == 0

@@ -201,11 +201,10 @@ class Handler(BaseHTTPRequestHandler):
         dry_run = query.get("dryRun") == "All"
         registry, store = self.api.registry, self.api.store
         if method == "GET" and not name:
-            predicate = self._predicate(query)
             if watch:
                 self._watch(r, ns, query)
                 return
-            items, rv = store.list(r.key, ns or None, predicate)
+            items, rv = store.list(r.key, ns or None, self._predicate(query))
             if discovery.wants_table(self.headers.get("Accept") or ""):
                 self._send(200, discovery.table(r, items, str(rv)))
             else:
@@ -252,15 +251,19 @@ class Handler(BaseHTTPRequestHandler):
         """
         since_text = query.get("resourceVersion", "")
         since = None if since_text in ("", "0") else _int(since_text, "resourceVersion")
-        timeout = float(query["timeoutSeconds"]) if query.get("timeoutSeconds") else WATCH_MAX_SECONDS
+        try:
+            timeout = float(query["timeoutSeconds"]) if query.get("timeoutSeconds") else WATCH_MAX_SECONDS
+        except ValueError:
+            raise bad_request(f"timeoutSeconds={query['timeoutSeconds']!r} is not a number of seconds") from None
         bookmarks = query.get("allowWatchBookmarks") in ("1", "true", "True")
+        predicate = self._predicate(query)  # a bad selector is a 400 before the stream starts
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
         self.close_connection = True
         try:
-            watcher = self.api.store.watch(r.key, ns or None, since, self._predicate(query))
+            watcher = self.api.store.watch(r.key, ns or None, since, predicate)
         except ApiError as exc:
             self._chunk({"type": "ERROR", "object": exc.status()})
             self._chunk_end()

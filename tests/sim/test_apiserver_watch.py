@@ -202,3 +202,11 @@ def test_closed_watch_is_released(api: ApiServer, admin: SimClient) -> None:
     while api.store.watch_count and time.monotonic() < deadline:
         time.sleep(0.02)
     assert api.store.watch_count == 0
+
+
+@pytest.mark.parametrize("query", ["labelSelector=a%20in%20b", "fieldSelector=spec.image%3Dx", "timeoutSeconds=soon",
+                                   "resourceVersion=abc"])
+def test_bad_watch_parameters_are_400_before_streaming(admin: SimClient, query: str) -> None:
+    with pytest.raises(ApiError) as caught:
+        admin.request("GET", f"/api/v1/pods?watch=true&{query}")
+    assert caught.value.code == 400

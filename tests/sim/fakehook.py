@@ -10,7 +10,7 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from tests.sim.tls import Authority, server_context, service_names
+from tests.sim.tls import Authority, CertPair, server_context, service_names
 
 Obj = dict[str, Any]
 Responder = Callable[[str, Obj], Any]  # (path, request) -> the whole body to send back (usually a review)
@@ -39,12 +39,16 @@ def allow_all(path: str, request: Obj) -> Obj:
 class FakeWebhook:
     """Serves POSTs with `responder`, records (path, request) pairs; its certificate names the Service."""
 
-    def __init__(self, authority: Authority, namespace: str = "gpushare-system", name: str = "gpushare-webhook",
-                 responder: Responder = allow_all) -> None:
+    def __init__(self, authority: Authority | CertPair, namespace: str = "gpushare-system",
+                 name: str = "gpushare-webhook", responder: Responder = allow_all) -> None:
+        """`authority` issues a certificate for the Service, or is the certificate pair to serve as it is."""
         self.responder = responder
         self.calls: list[tuple[str, Obj]] = []
         self.delay = 0.0
-        self._pair = authority.issue(service_names(namespace, name), ["127.0.0.1"])
+        if isinstance(authority, CertPair):
+            self._pair = authority
+        else:
+            self._pair = authority.issue(service_names(namespace, name), ["127.0.0.1"])
         self._server: ThreadingHTTPServer | None = None
         self._lock = threading.Lock()
 

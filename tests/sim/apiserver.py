@@ -100,7 +100,7 @@ class ApiServer:
         # The handshake happens lazily in each connection's thread, so a slow client cannot block accept().
         server.socket = context.wrap_socket(server.socket, server_side=True, do_handshake_on_connect=False)
         self._server = server
-        self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1},
+        self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02},
                                         name="sim-apiserver", daemon=True)
         self._thread.start()
         log.info("test API server listening on %s", self.url)

@@ -257,6 +257,7 @@ class Handler(BaseHTTPRequestHandler):
             raise bad_request(f"timeoutSeconds={query['timeoutSeconds']!r} is not a number of seconds") from None
         bookmarks = query.get("allowWatchBookmarks") in ("1", "true", "True")
         predicate = self._predicate(query)  # a bad selector is a 400 before the stream starts
+        as_table = discovery.wants_table(self.headers.get("Accept") or "")
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Transfer-Encoding", "chunked")
@@ -286,7 +287,7 @@ class Handler(BaseHTTPRequestHandler):
                     continue
                 if event is None:
                     break
-                self._event(event)
+                self._event(event, r if as_table else None)
                 last_sent = time.monotonic()
             self._chunk_end()
         except OSError:
@@ -309,8 +310,12 @@ class Handler(BaseHTTPRequestHandler):
         self._chunk({"type": "BOOKMARK", "object": {"kind": r.kind, "apiVersion": r.api_version,
                                                      "metadata": {"resourceVersion": rv}}})
 
-    def _event(self, event: WatchEvent) -> None:
-        self._chunk({"type": event.type, "object": event.obj})
+    def _event(self, event: WatchEvent, table_of: Resource | None) -> None:
+        """The event; for `kubectl get -w` (Accept: as=Table) each object travels as a one-row Table."""
+        obj = event.obj
+        if table_of is not None:
+            obj = discovery.table(table_of, [obj], str((obj.get("metadata") or {}).get("resourceVersion", "")))
+        self._chunk({"type": event.type, "object": obj})
 
     def _chunk(self, body: Obj) -> None:
         data = (json.dumps(body) + "\n").encode()

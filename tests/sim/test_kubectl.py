@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import subprocess
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -122,3 +123,23 @@ def test_delete_waits_until_gone(cluster: Cluster) -> None:
     cluster.alice("run", "plain", "--image=busybox", "--restart=Never")
     cluster.alice("delete", "pod", "plain", "--timeout=20s")
     assert "No resources found" in cluster.alice("get", "pods", "--field-selector=metadata.name=plain").stderr
+
+
+def test_describe_and_watch_table(cluster: Cluster, train: str) -> None:
+    described = cluster.alice("describe", "pod", train).stdout
+    assert "gpushare.io/intent" in described and "Status:       Pending" in described
+    assert KUBECTL is not None
+    env = {"PATH": os.environ.get("PATH", ""), "HOME": str(cluster.alice.home),
+           "KUBECONFIG": str(cluster.alice.kubeconfig)}
+    before = cluster.api.store.watch_count
+    with subprocess.Popen([KUBECTL, f"--cache-dir={cluster.alice.home / 'cache'}", "get", "pods", train, "-w",
+                           "--request-timeout=3s"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True) as watching:
+        deadline = time.monotonic() + 30
+        while cluster.api.store.watch_count == before and time.monotonic() < deadline:
+            time.sleep(0.02)
+        cluster.alice("label", "pod", train, "watched=yes")
+        out, err = watching.communicate(timeout=60)
+    rows = [line.split() for line in out.splitlines()]
+    assert rows[0] == ["NAME", "READY", "STATUS", "RESTARTS", "AGE"], err
+    assert [row[:3] for row in rows[1:]] == [[train, "0/1", "Pending"]] * 2

@@ -24,12 +24,14 @@ from deviceplugin.inventory import fake_gpus
 from tests.sim.apiserver import ApiServer
 from tests.sim.auth import service_account, user
 from tests.sim.baseline import BaselinePlugin
+from tests.sim.client import SimClient
 from tests.sim.configs import load_yaml_documents
 from tests.sim.extender import Extender, SimNode
 from tests.sim.invariants import Observation
 from tests.sim.kubelet import Kubelet, KubeletConfig
 from tests.sim.ports import Pod, PodApi
 from tests.sim.replicaset import ReplicaSet
+from webhook.protocol import DEFAULT_RESOURCE
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +81,7 @@ class Cluster:
         self.replicasets: list[ReplicaSet] = []
         self.extender: Extender | None = None
         self._user: PodApi | None = None
-        self._admin: PodApi | None = None
+        self._admin: SimClient | None = None
 
     @property
     def user(self) -> PodApi:
@@ -89,7 +91,7 @@ class Cluster:
         return self._user
 
     @property
-    def admin(self) -> PodApi:
+    def admin(self) -> SimClient:
         if self._admin is None:
             raise RuntimeError("the cluster is not started; call start() or use it as a context manager")
         return self._admin
@@ -125,6 +127,12 @@ class Cluster:
             name = f"node-{i}"
             gpus = tuple(fake_gpus(spec.gpus, name, spec.unit))
             nodes.append(SimNode(name, gpus))
+            total = str(sum(g.memory_units for g in gpus))
+            self.admin.create("nodes", {
+                "apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
+                "status": {"capacity": {DEFAULT_RESOURCE: total}, "allocatable": {DEFAULT_RESOURCE: total}},
+            })
             node_client = self.api.client(self.api.add_user(user(f"system:node:{name}", "system:nodes")))
             config = KubeletConfig(name, str(self.workdir / name), gpus, pull_delay=self._pull_delay,
                                    seed=spec.seed * 100 + i)

@@ -319,13 +319,14 @@ class Kubelet:
             entry = Entry(uid, _meta(pod).get("namespace", ""), _meta(pod).get("name", ""), container["name"],
                           self.config.resource, tuple(ids), response.container_responses[0].SerializeToString())
             self.devices.record(entry, init, restartable)
-        if state.cancel.is_set():  # deleted while being admitted: the termination already ran
-            self.devices.release(uid)
-            return
-        state.admitted = True
-        state.worker = threading.Thread(target=self._work, args=(state,), daemon=True,
-                                        name=f"sim-kubelet-{self.config.node}-worker")
-        state.worker.start()
+        with self._lock:
+            if state.cancel.is_set():  # deleted while being admitted: the termination already ran
+                self.devices.release(uid)
+                return
+            state.admitted = True
+            state.worker = threading.Thread(target=self._work, args=(state,), daemon=True,
+                                            name=f"sim-kubelet-{self.config.node}-worker")
+            state.worker.start()
 
     def _reject(self, state: PodState, cause: str) -> None:
         meta = _meta(state.pod)
@@ -432,9 +433,11 @@ class Kubelet:
             state = self._pods.get(uid)
         if state is None:
             return
-        state.cancel.set()
-        if state.worker is not None and state.worker is not threading.current_thread():
-            state.worker.join(timeout=10)
+        with self._lock:
+            state.cancel.set()
+            worker = state.worker
+        if worker is not None and worker is not threading.current_thread():
+            worker.join(timeout=10)
         self.devices.release(uid)
         meta = _meta(state.pod)
         if confirm:

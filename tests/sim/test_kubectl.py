@@ -143,3 +143,16 @@ def test_describe_and_watch_table(cluster: Cluster, train: str) -> None:
     rows = [line.split() for line in out.splitlines()]
     assert rows[0] == ["NAME", "READY", "STATUS", "RESTARTS", "AGE"], err
     assert [row[:3] for row in rows[1:]] == [[train, "0/1", "Pending"]] * 2
+
+
+def test_client_side_apply(cluster: Cluster, tmp_path: Path) -> None:
+    manifest = tmp_path / "web.yaml"
+    body = "apiVersion: v1\nkind: Pod\nmetadata:\n  name: web\n  labels: {{app: web}}\nspec:\n" \
+           "  containers:\n  - name: c\n    image: {image}\n"
+    manifest.write_text(body.format(image="nginx:1"))
+    assert "pod/web created" in cluster.alice("apply", "-f", str(manifest), "--validate=false").stdout
+    manifest.write_text(body.format(image="nginx:2"))
+    assert "pod/web configured" in cluster.alice("apply", "-f", str(manifest), "--validate=false").stdout
+    shown = cluster.alice("get", "pod", "web", "-o", "jsonpath={.spec.containers[0].image}").stdout
+    assert shown == "nginx:2"
+    cluster.alice("delete", "-f", str(manifest), "--timeout=20s")

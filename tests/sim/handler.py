@@ -210,7 +210,7 @@ class Handler(BaseHTTPRequestHandler):
             else:
                 self._send(200, {"kind": r.list_kind, "apiVersion": r.api_version,
                                  "metadata": {"resourceVersion": str(rv)}, "items": items})
-        elif method == "GET":
+        elif method == "GET" and sub != "binding":
             obj = store.get(r.key, ns, name)
             if obj is None:
                 raise not_found(r.plural, name, r.group)
@@ -223,9 +223,9 @@ class Handler(BaseHTTPRequestHandler):
             self._send(201, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201})
         elif method == "POST" and not name:
             self._send(201, registry.create(r, ns, self._body(), user, dry_run))
-        elif method == "PUT" and name:
+        elif method == "PUT" and name and sub != "binding":
             self._send(200, registry.update(r, ns, name, self._body(), user=user, dry_run=dry_run, subresource=sub))
-        elif method == "PATCH" and name:
+        elif method == "PATCH" and name and sub != "binding":
             content_type = self.headers.get("Content-Type") or ""
             self._send(200, registry.patch(
                 r, ns, name, content_type, self._body(), user=user, dry_run=dry_run, subresource=sub))

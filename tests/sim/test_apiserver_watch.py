@@ -109,6 +109,10 @@ def test_bookmarks_are_sent_and_skipped(api: ApiServer) -> None:
         ("DELETE", "/api/v1/namespaces/default/pods", 405),
         ("POST", "/api/v1/pods", 404),
         ("GET", "/openapi/v2", 404),
+        ("GET", "/api/v1/namespaces/default/pods/p/binding", 405),
+        ("PUT", "/api/v1/namespaces/default/pods/p/binding", 405),
+        ("PATCH", "/api/v1/namespaces/default/pods/p/binding", 405),
+        ("POST", "/api/v1/namespaces/default/pods/p/status", 405),
     ],
 )
 def test_unknown_paths(admin: SimClient, method: str, path: str, code: int) -> None:

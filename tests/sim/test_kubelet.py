@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from concurrent import futures
@@ -20,6 +22,14 @@ from tests.sim.kubelet import Kubelet, KubeletConfig
 from tests.sim.ports import MemoryStore, Pod
 
 pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def sock_dir() -> Iterator[Path]:
+    """A short directory: unix socket paths are limited to 107 characters, pytest's tmp_path can be longer."""
+    path = Path(tempfile.mkdtemp(prefix="gs-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 RESOURCE = "aliyun.com/gpu-mem"
 GPUS = tuple(fake_gpus("2x4GiB", "node-a", "GiB"))
@@ -120,10 +130,10 @@ def gpu_pod(name: str, apps: list[int], inits: list[int] | None = None, env: lis
 
 
 class Node:
-    def __init__(self, tmp_path: Path, plugin: Callable[[str], ScriptedPlugin]) -> None:
+    def __init__(self, root: Path, plugin: Callable[[str], ScriptedPlugin]) -> None:
         self.store = MemoryStore()
         self.user = self.store.client("alice")
-        self.kubelet = Kubelet(KubeletConfig("node-a", str(tmp_path / "node-a"), GPUS, backoff_s=0.01),
+        self.kubelet = Kubelet(KubeletConfig("node-a", str(root / "node-a"), GPUS, backoff_s=0.01),
                                self.store.client("system:node:node-a"))
         self.kubelet.start()
         self.plugin = plugin(self.kubelet.config.plugin_dir)
@@ -154,11 +164,11 @@ class Node:
 
 
 @pytest.fixture
-def node_factory(tmp_path: Path) -> Iterator[Callable[..., Node]]:
+def node_factory(sock_dir: Path) -> Iterator[Callable[..., Node]]:
     made: list[Node] = []
 
     def make(**kwargs: Any) -> Node:
-        node = Node(tmp_path, lambda d: ScriptedPlugin(d, GPUS, **kwargs))
+        node = Node(sock_dir, lambda d: ScriptedPlugin(d, GPUS, **kwargs))
         made.append(node)
         return node
 
@@ -275,7 +285,7 @@ def test_deletion_frees_devices_and_confirms(node_factory: Callable[..., Node]) 
     assert not node.kubelet.devices.in_use()
 
 
-def test_admission_is_serial_and_sorted_by_creation_within_a_batch(tmp_path: Path) -> None:
+def test_admission_is_serial_and_sorted_by_creation_within_a_batch(sock_dir: Path) -> None:
     store = MemoryStore()
     user = store.client("alice")
     for name, units in (("b", 1), ("a", 2), ("c", 3)):
@@ -283,7 +293,7 @@ def test_admission_is_serial_and_sorted_by_creation_within_a_batch(tmp_path: Pat
         user.bind("default", name, "node-a")
     for name, stamp in (("a", "2020-01-01T00:00:01Z"), ("b", "2020-01-01T00:00:02Z"), ("c", "2020-01-01T00:00:00Z")):
         user.patch_pod("default", name, {"metadata": {"creationTimestamp": stamp}})
-    kubelet = Kubelet(KubeletConfig("node-a", str(tmp_path / "n"), GPUS), store.client("system:node:node-a"))
+    kubelet = Kubelet(KubeletConfig("node-a", str(sock_dir / "n"), GPUS), store.client("system:node:node-a"))
     plugin = ScriptedPlugin(kubelet.config.plugin_dir, GPUS)
     try:
         kubelet.start()  # the three pods arrive in one batch from the initial list

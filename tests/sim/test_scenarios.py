@@ -1,0 +1,90 @@
+"""Seeded randomized scenarios on the simulated cluster, in env and cdi delivery, all invariants must hold.
+
+GPUSHARE_SIM_SCENARIOS=N runs N seeds per delivery mode (default 100, so 200 per CI run).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator
+from concurrent import futures
+from contextlib import ExitStack
+from pathlib import Path
+
+import pytest
+
+from tests.sim.cluster import Cluster, ClusterSpec
+from tests.sim.scenario import Result, random_scenario, run_scenario
+from tests.support.webhook_server import RunningWebhook, webhook_server
+
+SCENARIOS = int(os.environ.get("GPUSHARE_SIM_SCENARIOS", "100"))
+TOPOLOGIES = ((1, "2x8GiB"), (2, "2x8GiB"))
+
+
+class Clusters:
+    """One webhook per delivery mode and one cluster per (mode, topology), started on first use."""
+
+    def __init__(self, stack: ExitStack) -> None:
+        self.stack = stack
+        self.hooks: dict[str, RunningWebhook] = {}
+        self.clusters: dict[tuple[str, int, str], Cluster] = {}
+
+    def get(self, delivery: str, nodes: int, gpus: str) -> Cluster:
+        if delivery not in self.hooks:
+            directory = Path(self.stack.enter_context(tempfile.TemporaryDirectory(prefix="gs-hook-")))
+            self.hooks[delivery] = self.stack.enter_context(
+                webhook_server(directory, {"GPUSHARE_DELIVERY": delivery}))
+        key = (delivery, nodes, gpus)
+        if key not in self.clusters:
+            cluster = Cluster(ClusterSpec(nodes=nodes, gpus=gpus, delivery=delivery, seed=nodes), self.hooks[delivery])
+            cluster.start()
+            self.clusters[key] = cluster
+        return self.clusters[key]
+
+    def close(self) -> None:
+        with futures.ThreadPoolExecutor(max_workers=max(1, len(self.clusters))) as pool:
+            list(pool.map(Cluster.close, self.clusters.values()))
+
+
+@pytest.fixture(scope="module")
+def clusters() -> Iterator[Clusters]:
+    with ExitStack() as stack:
+        pool = Clusters(stack)
+        try:
+            yield pool
+        finally:
+            pool.close()
+
+
+def _only_running_or_waiting_for_room(result: Result) -> list[str]:
+    """With our webhook and plugin nothing may fail: every pod runs, or waits unscheduled for room."""
+    bad = []
+    for pod in result.observation.pods:
+        meta = pod["metadata"]
+        if pod.get("status", {}).get("phase") != "Running" and meta["uid"] not in result.observation.unschedulable:
+            bad.append(f"{meta['name']}: {pod.get('status')}")
+    return bad
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("delivery", ["env", "cdi"])
+@pytest.mark.parametrize("seed", range(SCENARIOS))
+def test_random_scenario_holds_every_invariant(clusters: Clusters, delivery: str, seed: int) -> None:
+    nodes, gpus = TOPOLOGIES[seed % len(TOPOLOGIES)]
+    result = run_scenario(clusters.get(delivery, nodes, gpus), random_scenario(seed))
+    assert not result.violations, result.explain()
+    assert not result.create_errors, result.explain()
+    assert not _only_running_or_waiting_for_room(result), result.explain()
+
+
+def test_the_seeds_cover_every_shape() -> None:
+    scenarios = [random_scenario(seed) for seed in range(min(SCENARIOS, 100))]
+    shapes = [s for sc in scenarios for s in (*sc.pods, *([sc.group[0]] if sc.group else []))]
+    assert any(len([u for u in s.containers if u]) > 1 for s in shapes), "multi-container GPU pods"
+    assert any(s.init and any(s.init) for s in shapes), "init containers with GPU memory"
+    assert any(s.sidecar for s in shapes), "restartable sidecars"
+    assert any(0 in s.containers for s in shapes), "containers without GPU memory"
+    assert any(sc.restarts for sc in scenarios), "kubelet restarts"
+    assert any(sc.delete for sc in scenarios), "deletions"
+    assert any(sc.group for sc in scenarios), "ReplicaSet groups"

@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from deviceplugin.api import deviceplugin_pb2 as dp
 from deviceplugin.inventory import Gpu
 
 _FIELD_RE = re.compile(r"^metadata\.(annotations|labels)\['([^']*)'\]$")
@@ -136,3 +137,51 @@ def visible_gpus(value: str | None, gpus: Sequence[Gpu]) -> Visible:
         else:
             made_up.append(token)
     return Visible(tuple(found), tuple(made_up))
+
+
+@dataclass(frozen=True)
+class ContainerRun:
+    """One container start attempt and what the container saw: the evidence the invariants judge."""
+
+    node: str
+    namespace: str
+    pod: str
+    pod_uid: str
+    container: str
+    init: bool
+    units: int
+    env: dict[str, str]
+    visible: str | None
+    gpus: tuple[int, ...]
+    made_up: tuple[str, ...]
+    started: bool
+    error: str | None
+    annotations: dict[str, str]
+    reason: str = ""  # the waiting reason when the start failed
+
+
+def create_container(
+    node: str, gpus: Sequence[Gpu], cdi_dir: str, pod: Mapping[str, Any], container: Mapping[str, Any], init: bool,
+    units: int, response: dp.ContainerAllocateResponse | None,
+) -> ContainerRun:
+    """What the runtime does with one container of `pod` (as it is now): env, CDI edits, the NVIDIA hook."""
+    meta = pod.get("metadata") or {}
+    env = container_env(container, pod, [dict(response.envs)] if response is not None else [])
+    reason, error = "", None
+    names = [d.name for d in response.cdi_devices] if response is not None else []
+    try:
+        edits = cdi_edits(names, cdi_dir) if names else CdiEdits((), ())
+    except CdiError as exc:
+        edits = CdiEdits((), ())
+        reason, error = "CreateContainerError", str(exc)
+    final = last_wins([*env, *edits.env])
+    value = final.get("NVIDIA_VISIBLE_DEVICES")
+    visible = visible_gpus(value, gpus)
+    if error is None and visible.made_up:
+        reason, error = "RunContainerError", (
+            "OCI runtime create failed: running prestart hook 0 caused: nvidia-container-cli: device error: "
+            f"unknown device id: {visible.made_up[0]}")
+    return ContainerRun(
+        node, str(meta.get("namespace", "")), str(meta.get("name", "")), str(meta.get("uid", "")),
+        str(container.get("name")), init, units, final, value, visible.gpus, visible.made_up, error is None, error,
+        {str(k): str(v) for k, v in (meta.get("annotations") or {}).items()}, reason)

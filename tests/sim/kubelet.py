@@ -15,13 +15,15 @@ from typing import Any
 import grpc
 
 from deviceplugin.inventory import Gpu
-from tests.sim.container_env import CdiEdits, CdiError, cdi_edits, container_env, last_wins, visible_gpus
+from tests.sim.container_env import ContainerRun, create_container
 from tests.sim.devices import DeviceState, Entry, Unavailable
 from tests.sim.kubelet_grpc import PluginConn, PodResourcesServer, RegistrationServer, remove_sockets, rpc_error_text
 from tests.sim.ports import ApiError, Pod, PodApi, now_rfc3339
 from webhook.protocol import DEFAULT_RESOURCE, ProtocolError, container_units
 
 log = logging.getLogger(__name__)
+
+__all__ = ["ContainerRun", "Kubelet", "KubeletConfig"]
 
 
 def _no_delay(pod: Pod) -> float:
@@ -59,26 +61,6 @@ class KubeletConfig:
     @property
     def cdi_dir(self) -> str:
         return os.path.join(self.root, "cdi")
-
-
-@dataclass(frozen=True)
-class ContainerRun:
-    """One container start attempt and what the container saw: the evidence the invariants judge."""
-
-    node: str
-    namespace: str
-    pod: str
-    pod_uid: str
-    container: str
-    init: bool
-    units: int
-    env: dict[str, str]
-    visible: str | None
-    gpus: tuple[int, ...]
-    made_up: tuple[str, ...]
-    started: bool
-    error: str | None
-    annotations: dict[str, str]
 
 
 @dataclass
@@ -211,6 +193,10 @@ class Kubelet:
             try:
                 if not version:
                     pods, version = self.api.list_pods(node=self.config.node)
+                    listed = {_meta(p).get("uid") for p in pods}
+                    for uid, state in self._snapshot().items():
+                        if uid not in listed:  # removed while we were not watching
+                            self._on_pod("DELETED", state.pod)
                     for pod in pods:
                         self._on_pod("ADDED", pod)
                 for kind, pod in self.api.watch_pods(version, node=self.config.node, timeout_s=0.5):
@@ -405,26 +391,10 @@ class Kubelet:
             state.cancel.set()
             return ("ContainerCreating", "the pod is gone")
         response = entry.allocate_response() if entry is not None else None
-        env = container_env(container, current, [dict(response.envs)] if response is not None else [])
-        error: tuple[str, str] | None = None
-        try:
-            names = [d.name for d in response.cdi_devices] if response is not None else []
-            edits = cdi_edits(names, self.config.cdi_dir) if names else CdiEdits((), ())
-        except CdiError as exc:
-            edits = CdiEdits((), ())
-            error = ("CreateContainerError", str(exc))
-        final = last_wins([*env, *edits.env])
-        value = final.get("NVIDIA_VISIBLE_DEVICES")
-        visible = visible_gpus(value, self.config.gpus)
-        if error is None and visible.made_up:
-            error = ("RunContainerError", (
-                "OCI runtime create failed: running prestart hook 0 caused: nvidia-container-cli: device error: "
-                f"unknown device id: {visible.made_up[0]}"))
-        self.runs.append(ContainerRun(
-            self.config.node, meta.get("namespace", ""), meta.get("name", ""), meta.get("uid", ""),
-            container["name"], init, units, final, value, visible.gpus, visible.made_up, error is None,
-            None if error is None else error[1], dict(_meta(current).get("annotations") or {})))
-        return error
+        run = create_container(self.config.node, self.config.gpus, self.config.cdi_dir, current, container, init,
+                               units, response)
+        self.runs.append(run)
+        return None if run.error is None else (run.reason, run.error)
 
     # -- deletion ----------------------------------------------------------------------------------------
 

@@ -35,7 +35,7 @@ class Summary:
     pods: int
     started: int
     right_gpu: int
-    made_up_ids: int
+    made_up_ids: int  # containers handed a device id that names no GPU
     failed_clearly: int
     other: int
 
@@ -75,9 +75,11 @@ def _blocked_message(pod: Pod) -> str:
 def check(obs: Observation) -> list[Violation]:
     out: list[Violation] = []
     alive = {(p.get("metadata") or {}).get("uid", ""): p for p in obs.pods}
+    reported: set[tuple[str, str]] = set()
     for run in obs.runs:
         ref = f"{run.namespace}/{run.pod}"
-        if run.made_up:
+        if run.made_up and (run.pod_uid, run.container) not in reported:  # once per container, not per retry
+            reported.add((run.pod_uid, run.container))
             out.append(Violation("made-up-device", ref, f"container {run.container!r} of pod {ref} on {run.node} "
                                  f"was handed NVIDIA_VISIBLE_DEVICES={run.visible!r}, which names no GPU"))
         if not run.started or not run.units:
@@ -160,7 +162,7 @@ def summarize(obs: Observation) -> Summary:
             clear += 1
         else:
             other += 1
-    made_up = sum(1 for r in obs.runs if r.made_up)
+    made_up = len({(r.pod_uid, r.container) for r in obs.runs if r.made_up})
     return Summary(len(alive), started, right, made_up, clear, other)
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from deviceplugin.inventory import Gpu
 from tests.sim.kubelet import ContainerRun
 from tests.sim.ports import Pod
-from webhook.protocol import POD, ProtocolError, parse_assignment, read_annotations
+from webhook.protocol import DEFAULT_PREFIX, POD, ProtocolError, parse_allocation, parse_assignment, read_annotations
 
 
 @dataclass(frozen=True)
@@ -52,6 +52,17 @@ def _index(annotations: Mapping[str, str]) -> int | None:
         return None
 
 
+def _allocation_gpu(annotations: Mapping[str, str]) -> int | None:
+    """The GPU of the plugin's allocation record (default prefix), when the pod has one."""
+    text = annotations.get(DEFAULT_PREFIX + "allocation")
+    if text is None:
+        return None
+    try:
+        return parse_allocation(text).gpu_index
+    except ProtocolError:
+        return -1  # an unreadable record never matches a GPU
+
+
 def latest_runs(runs: Sequence[ContainerRun]) -> dict[tuple[str, str], ContainerRun]:
     out: dict[tuple[str, str], ContainerRun] = {}
     for run in runs:
@@ -91,6 +102,10 @@ def check(obs: Observation) -> list[Violation]:
         if run.gpus != ((recorded,) if recorded is not None else ()) or recorded is None:
             out.append(Violation("wrong-gpu", ref, f"container {run.container!r} of pod {ref} on {run.node} sees "
                                  f"GPU {list(run.gpus)} but its pod records GPU {recorded}"))
+        record = _allocation_gpu(read_annotations(current) if current is not None else run.annotations)
+        if record is not None and run.gpus != (record,):
+            out.append(Violation("wrong-gpu", ref, f"container {run.container!r} of pod {ref} on {run.node} sees "
+                                 f"GPU {list(run.gpus)} but the pod's allocation record names GPU {record}"))
     out += _capacity(obs, alive)
     out += _end_states(obs, alive)
     for node, uids in obs.held.items():

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.sim.cluster import Cluster, ClusterSpec
-from tests.sim.scenario import Result, random_scenario, run_scenario
+from tests.sim.scenario import PodShape, Result, Scenario, random_scenario, run_scenario
 from tests.support.webhook_server import RunningWebhook, webhook_server
 
 SCENARIOS = int(os.environ.get("GPUSHARE_SIM_SCENARIOS", "100"))
@@ -79,7 +79,7 @@ def test_random_scenario_holds_every_invariant(clusters: Clusters, delivery: str
 
 
 def test_the_seeds_cover_every_shape() -> None:
-    scenarios = [random_scenario(seed) for seed in range(min(SCENARIOS, 100))]
+    scenarios = [random_scenario(seed) for seed in range(max(SCENARIOS, 100))]
     shapes = [s for sc in scenarios for s in (*sc.pods, *([sc.group[0]] if sc.group else []))]
     assert any(len([u for u in s.containers if u]) > 1 for s in shapes), "multi-container GPU pods"
     assert any(s.init and any(s.init) for s in shapes), "init containers with GPU memory"
@@ -88,3 +88,16 @@ def test_the_seeds_cover_every_shape() -> None:
     assert any(sc.restarts for sc in scenarios), "kubelet restarts"
     assert any(sc.delete for sc in scenarios), "deletions"
     assert any(sc.group for sc in scenarios), "ReplicaSet groups"
+
+
+@pytest.mark.timeout(60)
+def test_the_real_plugin_registers_again_after_a_kubelet_restart(clusters: Clusters) -> None:
+    cluster = clusters.get("env", *TOPOLOGIES[0])
+    kubelet = cluster.kubelets[0]
+    before = kubelet.registration.registrations
+    kubelet.restart()
+    assert kubelet.wait_registered(10)
+    assert kubelet.registration.registrations > before
+    result = run_scenario(cluster, Scenario(seed=10_000, pods=(PodShape((2,)), PodShape((1, 1)))))
+    assert not result.violations, result.explain()
+    assert result.summary.started == result.summary.right_gpu == 2, result.explain()

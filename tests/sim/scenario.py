@@ -201,9 +201,12 @@ def run_scenario(cluster: Cluster, scenario: Scenario) -> Result:
     deleted = _delete_some(cluster, namespace, scenario, rng) if scenario.delete else set()
     for timer in restarters:
         timer.join()
-    wait_settled(cluster, namespace, groups, scenario.settle_timeout_s)
+    settled = wait_settled(cluster, namespace, groups, scenario.settle_timeout_s)
     observation = cluster.observe(namespace, deleted)
     violations = check(observation)
+    if not settled:
+        violations.append(Violation("not-settled", namespace, f"the pods of {namespace} were still changing "
+                                    f"(deleting, starting or being replaced) after {scenario.settle_timeout_s:g} s"))
     summary = summarize(observation)
     errors += [e for rs in groups for e in rs.errors]
     violations += _tear_down(cluster, namespace, groups)

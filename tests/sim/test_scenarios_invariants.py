@@ -33,8 +33,9 @@ def observe(pods: list[Pod], runs: list[ContainerRun], **kwargs: Any) -> Observa
     return Observation(pods=pods, runs=runs, gpus=GPUS, held=kwargs.pop("held", {"n": set()}), **kwargs)
 
 
-WAITING: dict[str, Any] = {"containerStatuses": [{"state": {"waiting": {"reason": "CreateContainerError", "message": "why"}}}]}
-ALLOCATION = ('{"allocationId":"a","containers":{},"gpu":{"index":1,"uuid":"GPU-x"},"node":"n","version":1}')
+WAITING: dict[str, Any] = {
+    "containerStatuses": [{"state": {"waiting": {"reason": "CreateContainerError", "message": "why"}}}]}
+ALLOCATION = '{"allocationId":"a","containers":{},"gpu":{"index":1,"uuid":"GPU-x"},"node":"n","version":1}'
 
 
 @pytest.mark.parametrize(("pods", "runs", "extra", "kinds"), [

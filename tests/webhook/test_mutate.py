@@ -51,7 +51,7 @@ def env_names(c: dict[str, Any]) -> list[str]:
         ("Deployment pod with generateName", pod(container("a", 1), name=None), {"a": 1}, {}, 1, {"a": 1}),
     ],
 )
-def test_gpu_share_pod_gets_signed_intent_and_env(  # noqa: PLR0917 - one parameter per table column
+def test_gpu_share_pod_gets_signed_intent_and_env(
     case: str, spec: dict[str, Any], containers: dict[str, int], inits: dict[str, int], total: int,
     env_units: dict[str, int],
 ) -> None:

@@ -6,6 +6,7 @@ import contextlib
 import os
 import stat
 import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent import futures
 from dataclasses import dataclass, field
@@ -164,14 +165,44 @@ class RegistrationServer:
         channel.close()
 
 
-class PodResourcesServer:
-    """`v1.PodResourcesLister` on its own socket, from the device state (no rate limit in the simulation)."""
+class TokenBucket:
+    """The kubelet's PodResources limiter: `rate` calls a second with bursts of `burst` (100/s, 10 by default)."""
 
-    def __init__(self, socket_path: str, state: DeviceState, allocatable: Callable[[], list[str]]) -> None:
+    def __init__(self, rate: float, burst: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self.rate = rate
+        self.burst = burst
+        self.rejected = 0
+        self._clock = clock
+        self._tokens = float(burst)
+        self._stamp = clock()
+        self._lock = threading.Lock()
+
+    def allow(self) -> bool:
+        with self._lock:
+            now = self._clock()
+            self._tokens = min(self.burst, self._tokens + (now - self._stamp) * self.rate)
+            self._stamp = now
+            if self._tokens >= 1:
+                self._tokens -= 1
+                return True
+            self.rejected += 1
+            return False
+
+
+class PodResourcesServer:
+    """`v1.PodResourcesLister` on its own socket, from the device state, rate limited like the kubelet's."""
+
+    def __init__(self, socket_path: str, state: DeviceState, allocatable: Callable[[], list[str]],
+                 limit: TokenBucket | None = None) -> None:
         self.socket_path = socket_path
         self.state = state
         self.allocatable = allocatable
+        self.limit = limit or TokenBucket(100.0, 10)
         self._server: grpc.Server | None = None
+
+    def _admit(self, context: grpc.ServicerContext) -> None:
+        if not self.limit.allow():
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "rejected by rate limit")
 
     def start(self) -> None:
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="sim-kubelet-podres"))
@@ -216,9 +247,11 @@ class PodResourcesServer:
             )
 
     def _list(self, request: pr.ListPodResourcesRequest, context: grpc.ServicerContext) -> pr.ListPodResourcesResponse:
+        self._admit(context)
         return pr.ListPodResourcesResponse(pod_resources=list(self._pods()))
 
     def _get(self, request: pr.GetPodResourcesRequest, context: grpc.ServicerContext) -> pr.GetPodResourcesResponse:
+        self._admit(context)
         for pod in self._pods():
             if pod.name == request.pod_name and pod.namespace == request.pod_namespace:
                 return pr.GetPodResourcesResponse(pod_resources=pod)
@@ -228,5 +261,6 @@ class PodResourcesServer:
     def _allocatable(
         self, request: pr.AllocatableResourcesRequest, context: grpc.ServicerContext
     ) -> pr.AllocatableResourcesResponse:
+        self._admit(context)
         devices = [pr.ContainerDevices(resource_name=self.state.resource, device_ids=self.allocatable())]
         return pr.AllocatableResourcesResponse(devices=devices)

@@ -1,4 +1,4 @@
-"""What a container sees: env order and downward API, CDI edits, NVIDIA_VISIBLE_DEVICES resolution (pure)."""
+"""What a container sees: env order, downward API, CDI edits, NVIDIA_VISIBLE_DEVICES; the PodResources limiter."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import pytest
 
 from deviceplugin.inventory import fake_gpus
 from tests.sim.container_env import CdiError, cdi_edits, container_env, field_value, last_wins, visible_gpus
+from tests.sim.kubelet_grpc import TokenBucket
 
 GPUS = fake_gpus("2x8GiB", "node-a", "GiB")
 POD: dict[str, Any] = {
@@ -80,3 +81,14 @@ def test_cdi_edits_read_at_creation_time(tmp_path: Path) -> None:
     edits = cdi_edits(["gpushare.io/gpu=s1"], str(tmp_path))
     assert edits.env == (("COMMON", "1"), ("NVIDIA_VISIBLE_DEVICES", "GPU-a"))
     assert edits.device_nodes == ("/dev/nvidia0",)
+
+
+def test_pod_resources_rate_limit_is_a_token_bucket() -> None:
+    now = [0.0]
+    bucket = TokenBucket(100.0, 10, clock=lambda: now[0])
+    assert [bucket.allow() for _ in range(11)] == [True] * 10 + [False]
+    now[0] += 0.05  # five tokens come back in 50 ms at 100/s
+    assert [bucket.allow() for _ in range(6)] == [True] * 5 + [False]
+    now[0] += 10.0  # never more than the burst
+    assert sum(bucket.allow() for _ in range(20)) == 10
+    assert bucket.rejected == 12

@@ -64,6 +64,7 @@ class ClusterSpec:
     pull_delay: tuple[float, float] = (0.01, 0.05)
     max_jitter_s: float = 0.02
     binders: int = 4  # bindings in flight at once (the kube-scheduler binds each pod in its own goroutine)
+    placement: str = "extender"  # or "node": no extender, the plugin picks the GPU (cdi delivery only)
 
 
 class Cluster:
@@ -143,7 +144,8 @@ class Cluster:
             if not kubelet.wait_registered(15):
                 raise RuntimeError(f"the {spec.plugin} device plugin on {name} did not register with the kubelet")
         self.extender = Extender(self.api.client(self.api.add_user(EXTENDER_SA)), nodes, seed=spec.seed,
-                                 max_jitter_s=spec.max_jitter_s, binders=spec.binders)
+                                 max_jitter_s=spec.max_jitter_s, binders=spec.binders,
+                                 place_gpus=spec.placement == "extender")
         self.extender.start()
 
     def _plugin(self, kubelet: Kubelet, token: str) -> BaselinePlugin | _OurPlugin:
@@ -168,6 +170,7 @@ class Cluster:
             "GPUSHARE_KUBELET_CHECKPOINT": cfg.checkpoint,
             "GPUSHARE_CDI_DIR": cfg.cdi_dir,
             "GPUSHARE_KUBECONFIG": str(kubeconfig),
+            "GPUSHARE_PLACEMENT": self.spec.placement,
         })
         # Poll the kubelet socket often: simulated restarts are milliseconds apart, not seconds.
         settings = dataclasses.replace(settings, watch_interval_seconds=0.05)

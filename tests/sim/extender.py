@@ -82,6 +82,25 @@ def used_units(pods: Sequence[Pod], inflight: Sequence[Placement]) -> dict[tuple
     return used
 
 
+def node_fit(nodes: Sequence[SimNode], pods: Sequence[Pod], inflight: Sequence[Placement], units: int,
+             resource: str) -> Placement | None:
+    """The default scheduler's view without the extender: a node whose total units (its allocatable) still hold
+    the pod's request; the GPU is left for the device plugin to pick (node-local placement)."""
+    used: dict[str, int] = {}
+    for pod in pods:
+        node = (pod.get("spec") or {}).get("nodeName")
+        if node and (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
+            used[node] = used.get(node, 0) + pod_total(pod, resource)
+    for place in inflight:
+        used[place.node] = used.get(place.node, 0) + place.pod_units
+    best: tuple[int, str] | None = None
+    for node in nodes:
+        left = sum(g.memory_units for g in node.gpus) - used.get(node.name, 0) - units
+        if left >= 0 and (best is None or (left, node.name) < best):
+            best = (left, node.name)
+    return None if best is None else Placement(best[1], None, 0, units)
+
+
 def best_fit(nodes: Sequence[SimNode], used: dict[tuple[str, int], int], units: int) -> Placement | None:
     """The GPU left with the least free memory after placing `units` (bin packing); ties: node, then index."""
     best: tuple[int, str, int] | None = None
@@ -98,11 +117,16 @@ def best_fit(nodes: Sequence[SimNode], used: dict[tuple[str, int], int], units: 
 
 
 class Extender:
-    """Watches all pods; schedules unbound ones serially; binds concurrently with jitter (seeded)."""
+    """Watches all pods; schedules unbound ones serially; binds concurrently with jitter (seeded).
+
+    With `place_gpus=False` it is the default scheduler alone: it fits pods to a node's total units and binds
+    them without annotations, which is what node-local placement (cdi delivery) runs with.
+    """
 
     def __init__(self, api: PodApi, nodes: Sequence[SimNode], *, resource: str = DEFAULT_RESOURCE, seed: int = 0,
-                 max_jitter_s: float = 0.02, binders: int = 4) -> None:
+                 max_jitter_s: float = 0.02, binders: int = 4, place_gpus: bool = True) -> None:
         self.api = api
+        self.place_gpus = place_gpus
         self.nodes = tuple(nodes)
         self.resource = resource
         self.max_jitter_s = max_jitter_s
@@ -186,12 +210,15 @@ class Extender:
         uid = _meta(pod)["uid"]
         units = pod_total(pod, self.resource)
         if units:
-            used = used_units([p for u, p in self._pods.items() if u not in self._inflight],
-                              list(self._inflight.values()))
-            place = best_fit(self.nodes, used, units)
+            settled = [p for u, p in self._pods.items() if u not in self._inflight]
+            if self.place_gpus:
+                place = best_fit(self.nodes, used_units(settled, list(self._inflight.values())), units)
+            else:
+                place = node_fit(self.nodes, settled, list(self._inflight.values()), units, self.resource)
             if place is None:
+                where = "GPU" if self.place_gpus else "node"
                 self.unschedulable[uid] = (
-                    f"0/{len(self.nodes)} nodes are available: no GPU has {units} free units for pod "
+                    f"0/{len(self.nodes)} nodes are available: no {where} has {units} free units for pod "
                     f"{_meta(pod).get('namespace')}/{_meta(pod).get('name')}"
                 )
                 return

@@ -9,72 +9,19 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
 
-from deviceplugin.inventory import Gpu
 from tests.sim.container_env import ContainerRun, create_container
 from tests.sim.devices import DeviceState, Entry, Unavailable
 from tests.sim.kubelet_grpc import PluginConn, PodResourcesServer, RegistrationServer, remove_sockets, rpc_error_text
-from tests.sim.ports import ApiError, Pod, PodApi, now_rfc3339
-from webhook.protocol import DEFAULT_RESOURCE, ProtocolError, container_units
+from tests.sim.kubelet_parts import KubeletConfig, PodState, containers_of, meta_of, started_status, waiting_status
+from tests.sim.ports import ApiError, Pod, PodApi
 
 log = logging.getLogger(__name__)
 
 __all__ = ["ContainerRun", "Kubelet", "KubeletConfig"]
-
-
-def _no_delay(pod: Pod) -> float:
-    return 0.0
-
-
-@dataclass(frozen=True)
-class KubeletConfig:
-    node: str
-    root: str  # this node's private directory: device-plugins/, pod-resources/, cdi/
-    gpus: tuple[Gpu, ...]
-    resource: str = DEFAULT_RESOURCE
-    pull_delay: Callable[[Pod], float] = _no_delay  # how long pulling this pod's images takes when absent
-    seed: int = 0
-    start_attempts: int = 4  # container start retries (the real kubelet backs off forever; bounded here)
-    backoff_s: float = 0.05
-    rpc_timeout_s: float = 30.0  # the real kubelet has none on Allocate; the simulation must never hang
-    register_wait_s: float = 15.0
-    # Older kubelets cannot cancel an image pull: a pod deleted while pulling keeps its devices and stays
-    # Pending (with a deletionTimestamp) until the pull ends. That window is where the reference plugin fails.
-    cancel_pull: bool = False
-
-    @property
-    def plugin_dir(self) -> str:
-        return os.path.join(self.root, "device-plugins")
-
-    @property
-    def pod_resources_socket(self) -> str:
-        return os.path.join(self.root, "pod-resources", "kubelet.sock")
-
-    @property
-    def checkpoint(self) -> str:
-        return os.path.join(self.plugin_dir, "kubelet_internal_checkpoint")
-
-    @property
-    def cdi_dir(self) -> str:
-        return os.path.join(self.root, "cdi")
-
-
-@dataclass
-class PodState:
-    pod: Pod
-    cancel: threading.Event = field(default_factory=threading.Event)
-    admitted: bool = False
-    terminating: bool = False
-    worker: threading.Thread | None = None
-
-
-def _meta(pod: Pod) -> dict[str, Any]:
-    meta: dict[str, Any] = pod.get("metadata") or {}
-    return meta
 
 
 class Kubelet:
@@ -103,7 +50,7 @@ class Kubelet:
     # -- lifecycle --------------------------------------------------------------------------------------
 
     def start(self) -> None:
-        names = {uid: (_meta(s.pod).get("namespace", ""), _meta(s.pod).get("name", "")) for uid, s in
+        names = {uid: (meta_of(s.pod).get("namespace", ""), meta_of(s.pod).get("name", "")) for uid, s in
                  self._snapshot().items()}
         self.devices.load(names)
         self.pod_resources.start()
@@ -193,14 +140,14 @@ class Kubelet:
             try:
                 if not version:
                     pods, version = self.api.list_pods(node=self.config.node)
-                    listed = {_meta(p).get("uid") for p in pods}
+                    listed = {meta_of(p).get("uid") for p in pods}
                     for uid, state in self._snapshot().items():
                         if uid not in listed:  # removed while we were not watching
                             self._on_pod("DELETED", state.pod)
                     for pod in pods:
                         self._on_pod("ADDED", pod)
                 for kind, pod in self.api.watch_pods(version, node=self.config.node, timeout_s=0.5):
-                    version = _meta(pod).get("resourceVersion", version)
+                    version = meta_of(pod).get("resourceVersion", version)
                     self._on_pod(kind, pod)
             except ApiError as exc:
                 if exc.code == 410:
@@ -211,7 +158,7 @@ class Kubelet:
                 self._closed.wait(0.1)
 
     def _on_pod(self, kind: str, pod: Pod) -> None:
-        uid = _meta(pod).get("uid", "")
+        uid = meta_of(pod).get("uid", "")
         with self._lock:
             state = self._pods.get(uid)
             if kind == "DELETED":
@@ -222,7 +169,7 @@ class Kubelet:
             if state is None:
                 state = PodState(pod)
                 self._pods[uid] = state
-                if _meta(pod).get("deletionTimestamp"):
+                if meta_of(pod).get("deletionTimestamp"):
                     state.terminating = True
                     self._spawn(self._terminate, uid, True)
                 elif (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
@@ -230,7 +177,7 @@ class Kubelet:
                     self._lock.notify_all()
                 return
             state.pod = pod
-            if _meta(pod).get("deletionTimestamp") and not state.terminating:
+            if meta_of(pod).get("deletionTimestamp") and not state.terminating:
                 state.terminating = True
                 self._spawn(self._terminate, uid, True)
 
@@ -246,7 +193,7 @@ class Kubelet:
                     self._lock.wait(0.5)
                 batch = [self._pods[u] for u in self._queue if u in self._pods]
                 self._queue.clear()
-            batch.sort(key=lambda s: (_meta(s.pod).get("creationTimestamp", ""), _meta(s.pod).get("name", "")))
+            batch.sort(key=lambda s: (meta_of(s.pod).get("creationTimestamp", ""), meta_of(s.pod).get("name", "")))
             for state in batch:
                 if self._closed.is_set():
                     return
@@ -267,22 +214,10 @@ class Kubelet:
                 ready = max(ready, self._images[image])
         return ready
 
-    def _containers(self, pod: Pod) -> list[tuple[dict[str, Any], bool, int]]:
-        spec = pod.get("spec") or {}
-        out = []
-        for kind, init in (("initContainers", True), ("containers", False)):
-            for container in spec.get(kind) or []:
-                try:
-                    units = container_units(container, self.config.resource, "container")
-                except ProtocolError:
-                    units = 0
-                out.append((container, init, units))
-        return out
-
     def _admit(self, state: PodState) -> None:
         pod = state.pod
-        uid = _meta(pod).get("uid", "")
-        for container, init, units in self._containers(pod):
+        uid = meta_of(pod).get("uid", "")
+        for container, init, units in containers_of(self.config.resource, pod):
             if not units or self.devices.entry(uid, container["name"]) is not None:
                 continue
             try:
@@ -302,7 +237,7 @@ class Kubelet:
                 return self._reject(state, f"the plugin returned {len(response.container_responses)} container "
                                            "responses for 1 container request")
             restartable = container.get("restartPolicy") == "Always"
-            entry = Entry(uid, _meta(pod).get("namespace", ""), _meta(pod).get("name", ""), container["name"],
+            entry = Entry(uid, meta_of(pod).get("namespace", ""), meta_of(pod).get("name", ""), container["name"],
                           self.config.resource, tuple(ids), response.container_responses[0].SerializeToString())
             self.devices.record(entry, init, restartable)
         with self._lock:
@@ -315,7 +250,7 @@ class Kubelet:
             state.worker.start()
 
     def _reject(self, state: PodState, cause: str) -> None:
-        meta = _meta(state.pod)
+        meta = meta_of(state.pod)
         self.devices.release(meta.get("uid", ""))
         message = f"Allocate failed due to {cause}, which is unexpected"
         self._status(state, {"phase": "Failed", "reason": "UnexpectedAdmissionError", "message": message})
@@ -330,26 +265,17 @@ class Kubelet:
             return
         statuses: list[dict[str, Any]] = []
         init_statuses: list[dict[str, Any]] = []
-        for container, init, units in self._containers(state.pod):
+        for container, init, units in containers_of(self.config.resource, state.pod):
             error = self._start_container(state, container, init, units)
             if state.cancel.is_set():
                 return
             if error is not None:
                 reason, message = error
-                waiting = {"name": container["name"], "ready": False, "restartCount": 0, "image": "",
-                           "state": {"waiting": {"reason": reason, "message": message}}}
                 key = "initContainerStatuses" if init else "containerStatuses"
+                waiting = waiting_status(container["name"], reason, message)
                 self._status(state, {"phase": "Pending", key: [*(init_statuses if init else statuses), waiting]})
                 return
-            now = now_rfc3339()
-            if init and container.get("restartPolicy") != "Always":
-                init_statuses.append({"name": container["name"], "ready": False, "restartCount": 0, "image": "",
-                                      "state": {"terminated": {"exitCode": 0, "reason": "Completed",
-                                                               "startedAt": now, "finishedAt": now}}})
-            else:
-                (init_statuses if init else statuses).append(
-                    {"name": container["name"], "ready": True, "started": True, "restartCount": 0, "image": "",
-                     "state": {"running": {"startedAt": now}}})
+            (init_statuses if init else statuses).append(started_status(container, init))
         self._status(state, {"phase": "Running", "initContainerStatuses": init_statuses,
                              "containerStatuses": statuses,
                              "conditions": [{"type": "Ready", "status": "True"}]})
@@ -358,7 +284,7 @@ class Kubelet:
         self, state: PodState, container: dict[str, Any], init: bool, units: int
     ) -> tuple[str, str] | None:
         """Start one container with bounded retries; None on success, else (reason, message) of the last try."""
-        uid = _meta(state.pod).get("uid", "")
+        uid = meta_of(state.pod).get("uid", "")
         last: tuple[str, str] = ("CreateContainerError", "not attempted")
         for attempt in range(self.config.start_attempts):
             if attempt and state.cancel.wait(self.config.backoff_s * 2 ** (attempt - 1)):
@@ -385,9 +311,9 @@ class Kubelet:
     def _launch(
         self, state: PodState, container: dict[str, Any], init: bool, units: int, entry: Entry | None
     ) -> tuple[str, str] | None:
-        meta = _meta(state.pod)
+        meta = meta_of(state.pod)
         current = self.api.get_pod(meta.get("namespace", ""), meta.get("name", ""))
-        if current is None or _meta(current).get("uid") != meta.get("uid"):
+        if current is None or meta_of(current).get("uid") != meta.get("uid"):
             state.cancel.set()
             return ("ContainerCreating", "the pod is gone")
         response = entry.allocate_response() if entry is not None else None
@@ -409,7 +335,7 @@ class Kubelet:
         if worker is not None and worker is not threading.current_thread():
             worker.join(timeout=10)
         self.devices.release(uid)
-        meta = _meta(state.pod)
+        meta = meta_of(state.pod)
         if confirm:
             with contextlib.suppress(ApiError):
                 self.api.delete_pod(meta.get("namespace", ""), meta.get("name", ""), grace_seconds=0)
@@ -420,7 +346,7 @@ class Kubelet:
     # -- API writes as system:node:<node> ------------------------------------------------------------------
 
     def _status(self, state: PodState, status: dict[str, Any]) -> None:
-        meta = _meta(state.pod)
+        meta = meta_of(state.pod)
         try:
             self.api.patch_pod_status(meta.get("namespace", ""), meta.get("name", ""), {"status": status})
         except ApiError as exc:
@@ -428,7 +354,7 @@ class Kubelet:
                      meta.get("name"), exc.message)
 
     def _event(self, state: PodState, reason: str, message: str) -> None:
-        meta = _meta(state.pod)
+        meta = meta_of(state.pod)
         event = {"metadata": {"generateName": f"{meta.get('name')}."}, "type": "Warning", "reason": reason,
                  "message": message, "involvedObject": {"kind": "Pod", "namespace": meta.get("namespace"),
                                                         "name": meta.get("name"), "uid": meta.get("uid")},

@@ -13,12 +13,11 @@ import dataclasses
 import logging
 import random
 import shutil
-import socket
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Literal, Protocol
 
 from deviceplugin.inventory import fake_gpus
 from tests.sim.apiserver import ApiServer
@@ -114,7 +113,6 @@ class Cluster:
     def _start(self) -> None:
         spec = self.spec
         self.api.start()
-        _no_delay(self.api)
         self._user = self.api.client(self.api.add_user(USER))
         self._admin = self.api.client()
         if spec.plugin == "ours":
@@ -214,25 +212,6 @@ class Cluster:
             kubelet.close()
         self.api.stop()
         shutil.rmtree(self.workdir, ignore_errors=True)
-
-
-def _no_delay(api: ApiServer) -> None:
-    """Answers must not wait ~40 ms for a delayed ACK (Nagle: headers and body are written separately), so
-    accepted connections get TCP_NODELAY, as Go's net/http sets by default. Kept here until the test API server
-    sets it on its own listener."""
-    server = getattr(api, "_server", None)
-    if server is None or getattr(server, "_gpushare_no_delay", False):
-        return
-    accept = server.get_request
-
-    def get_request() -> tuple[socket.socket, Any]:
-        conn, address = accept()
-        with contextlib.suppress(OSError):
-            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        return conn, address
-
-    server.get_request = get_request
-    server._gpushare_no_delay = True
 
 
 @dataclass(frozen=True)

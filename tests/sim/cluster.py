@@ -8,13 +8,13 @@ which reaches the API server through a kubeconfig with its own service-account t
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import random
 import shutil
 import tempfile
 from collections.abc import Callable, Sequence
+from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
@@ -205,9 +205,11 @@ class Cluster:
             rs.close()
         if self.extender is not None:
             self.extender.close()
-        for plugin in self.plugins:
-            with contextlib.suppress(Exception):
-                plugin.close()
+        # Plugins stop in parallel: each may wait seconds for its API watch to end.
+        with futures.ThreadPoolExecutor(max_workers=max(1, len(self.plugins))) as pool:
+            for failed in [pool.submit(p.close) for p in self.plugins]:
+                if failed.exception() is not None:
+                    log.warning("stopping a device plugin failed: %s", failed.exception())
         for kubelet in self.kubelets:
             kubelet.close()
         self.api.stop()

@@ -1,5 +1,5 @@
-"""Decisions are pure: the contract, mutation, validation, review, signing and resolution modules import
-neither Flask, nor grpc, nor the kubernetes client (STYLE.md rule 1)."""
+"""Decisions are pure: the contract, mutation, validation, review, signing, settings, certificate builders and the
+plugin's deciding modules import neither Flask, nor grpc, nor the kubernetes client (STYLE.md rule 1)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,13 @@ PURE = [
     "webhook.review",
     "webhook.mutate",
     "webhook.validate",
+    "webhook.settings",
+    "certs.build",
     "deviceplugin.resolve",
+    "deviceplugin.placement",
+    "deviceplugin.delivery",
+    "deviceplugin.inventory",
+    "deviceplugin.settings",
 ]
 FORBIDDEN = ("flask", "werkzeug", "grpc", "kubernetes", "gunicorn")
 

@@ -144,13 +144,15 @@ def wait_settled(cluster: Cluster, namespace: str, groups: Sequence[ReplicaSet],
     return False
 
 
-def _delete_some(cluster: Cluster, namespace: str, scenario: Scenario, rng: random.Random) -> set[str]:
+def _delete_some(cluster: Cluster, namespace: str, scenario: Scenario, rng: random.Random, total: int) -> set[str]:
     """Delete pods as their owner would, preferring pods that are bound but not yet running (pulling)."""
     deadline = time.monotonic() + 10
-    total = len(scenario.pods) + (scenario.group[1] if scenario.group else 0)
-    while time.monotonic() < deadline:
+    extender = cluster.extender
+    while time.monotonic() < deadline:  # until every first pod is bound, or waits for room with a reason
+        waiting = set(extender.unschedulable) | set(extender.bind_errors) if extender is not None else set()
         pods = _pods(cluster, namespace)
-        if sum(1 for p in pods if (p.get("spec") or {}).get("nodeName")) >= total or len(pods) >= total:
+        placed = [p for p in pods if (p.get("spec") or {}).get("nodeName") or _meta(p).get("uid") in waiting]
+        if len(placed) >= total:
             break
         time.sleep(0.01)
     time.sleep(scenario.delete_after_s)
@@ -189,16 +191,19 @@ def run_scenario(cluster: Cluster, scenario: Scenario) -> Result:
         template = shape.pod(generate_name="group-", image=f"registry.example/{namespace}/group:1")
         groups.append(cluster.replicaset(namespace, "group", replicas, template))
 
-    def create(index: int, shape: PodShape) -> None:
+    def create(index: int, shape: PodShape) -> bool:
         try:
             image = f"registry.example/{namespace}/app-{index % 3}:1"  # a fresh image per scenario: pulls happen
             cluster.user.create_pod(namespace, shape.pod(name=f"pod-{index}", image=image))
+            return True
         except ApiError as exc:
             errors.append(exc.message)
+            return False
 
     with futures.ThreadPoolExecutor(max_workers=max(1, len(scenario.pods))) as pool:
-        list(pool.map(create, range(len(scenario.pods)), scenario.pods))
-    deleted = _delete_some(cluster, namespace, scenario, rng) if scenario.delete else set()
+        created = sum(pool.map(create, range(len(scenario.pods)), scenario.pods))
+    total = created + (scenario.group[1] if scenario.group else 0)
+    deleted = _delete_some(cluster, namespace, scenario, rng, total) if scenario.delete else set()
     for timer in restarters:
         timer.join()
     settled = wait_settled(cluster, namespace, groups, scenario.settle_timeout_s)

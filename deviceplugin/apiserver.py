@@ -110,6 +110,11 @@ class KubeApiServer:
         response = self._response
         if response is not None:
             try:
+                # close() alone does not wake a read blocked in the watch thread; shutdown() (urllib3 >= 2.3)
+                # shuts the socket down under it, so the thread ends now instead of at its join timeout.
+                shutdown = getattr(response, "shutdown", None)
+                if shutdown is not None:
+                    shutdown()
                 response.close()
             except Exception:  # closing a half-read stream may raise from urllib3; nothing to do
                 log.debug("closing the pod watch stream failed", exc_info=True)

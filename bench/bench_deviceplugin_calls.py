@@ -2,7 +2,8 @@
 
 Run: .venv/bin/python -m bench.bench_deviceplugin_calls [--pods 300] [--gpus 8x80GiB] [--delivery env|cdi]
 The API server is the in-memory fake of the tests, so the figures are the plugin's own cost (validation,
-signature check, PodResources round trip, CDI write), not the network's.
+signature check, PodResources round trip, CDI write), not the network's. The baseline, measured in the same
+run over the same socket, is GetDevicePluginOptions: a gRPC round trip that decides nothing.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from deviceplugin.api import deviceplugin_pb2 as pb
 from tests.deviceplugin.fakes import spec_pod, stamped
 from tests.deviceplugin.rig import make_rig
 from webhook.protocol import Assignment
@@ -24,10 +26,11 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def report(name: str, seconds: list[float]) -> None:
+def report(name: str, seconds: list[float], baseline: float) -> None:
     ms = [s * 1000 for s in seconds]
+    ratio = statistics.mean(seconds) / baseline
     print(f"{name:<18} n={len(ms):<5} mean={statistics.mean(ms):7.2f} ms  p50={percentile(ms, 0.5):7.2f} ms  "
-          f"p95={percentile(ms, 0.95):7.2f} ms  max={max(ms):7.2f} ms")
+          f"p95={percentile(ms, 0.95):7.2f} ms  max={max(ms):7.2f} ms  x baseline={ratio:6.1f}")
 
 
 def main() -> None:
@@ -57,6 +60,13 @@ def main() -> None:
                 )
                 rig.api.add(pod)
                 names.append((f"job-{n}", units))
+            stub = rig.kubelet.plugin()
+            options = []
+            for _ in range(200):
+                begin = time.perf_counter()
+                stub.GetDevicePluginOptions(pb.Empty(), timeout=5)
+                options.append(time.perf_counter() - begin)
+            baseline = statistics.mean(options)
             allocate, prestart = [], []
             for name, units in names:
                 begin = time.perf_counter()
@@ -73,9 +83,10 @@ def main() -> None:
                 rig.kubelet.start_container("team", name, "main")
                 restart.append(time.perf_counter() - begin)
             print(f"{len(names)} pods on {args.gpus}, delivery {args.delivery}")
-            report("Allocate", allocate)
-            report("PreStartContainer", prestart)
-            report("PreStart (restart)", restart)
+            report("Options (baseline)", options, baseline)
+            report("Allocate", allocate, baseline)
+            report("PreStartContainer", prestart, baseline)
+            report("PreStart (restart)", restart, baseline)
         finally:
             rigs.close()
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -19,36 +18,12 @@ from tests.sim.tls import Authority
 pytestmark = pytest.mark.timeout(60)
 
 Obj = dict[str, Any]
-SERVICE = ("gpushare-system", "gpushare-webhook", 443)
 
 
 def pod(name: str = "p", **annotations: str) -> Obj:
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "labels": {"app": "demo"}, "annotations": dict(annotations)},
             "spec": {"containers": [{"name": "c", "image": "busybox"}]}}
-
-
-@pytest.fixture(scope="module")
-def authority() -> Authority:
-    return Authority("webhook-test-ca")
-
-
-@pytest.fixture
-def hook(authority: Authority) -> Iterator[FakeWebhook]:
-    with FakeWebhook(authority) as running:
-        yield running
-
-
-@pytest.fixture
-def api(hook: FakeWebhook) -> Iterator[ApiServer]:
-    with ApiServer(deletion="immediate") as server:
-        server.add_service(*SERVICE, hook.url)
-        yield server
-
-
-@pytest.fixture
-def admin(api: ApiServer) -> SimClient:
-    return api.client()
 
 
 def install(api: ApiServer, *configs: Obj) -> None:

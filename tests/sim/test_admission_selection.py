@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -20,30 +19,6 @@ from tests.sim.tls import Authority
 pytestmark = pytest.mark.timeout(60)
 
 Obj = dict[str, Any]
-SERVICE = ("gpushare-system", "gpushare-webhook", 443)
-
-
-@pytest.fixture(scope="module")
-def authority() -> Authority:
-    return Authority("webhook-test-ca")
-
-
-@pytest.fixture
-def hook(authority: Authority) -> Iterator[FakeWebhook]:
-    with FakeWebhook(authority) as running:
-        yield running
-
-
-@pytest.fixture
-def api(hook: FakeWebhook) -> Iterator[ApiServer]:
-    with ApiServer(deletion="immediate") as server:
-        server.add_service(*SERVICE, hook.url)
-        yield server
-
-
-@pytest.fixture
-def admin(api: ApiServer) -> SimClient:
-    return api.client()
 
 
 def test_namespace_selector(api: ApiServer, hook: FakeWebhook, authority: Authority, admin: SimClient) -> None:

@@ -23,6 +23,7 @@ from concurrent import futures
 import grpc
 
 from deviceplugin.api import deviceplugin_pb2 as dp
+from deviceplugin.api import deviceplugin_pb2_grpc
 from deviceplugin.inventory import Gpu
 from tests.sim.ports import ApiError, Pod, PodApi
 from webhook.protocol import ASSIGNED, ASSUME_TIME, DEFAULT_RESOURCE, IDX, ProtocolError, container_units
@@ -58,7 +59,7 @@ def candidates(pods: Sequence[Pod], resource: str) -> list[Pod]:
     return sorted(pending, key=lambda p: _int(((p.get("metadata") or {}).get("annotations") or {}).get(ASSUME_TIME), 0))
 
 
-class BaselinePlugin:
+class BaselinePlugin(deviceplugin_pb2_grpc.DevicePluginServicer):
     """A device plugin speaking the kubelet protocol over a unix socket, with the reference plugin's Allocate."""
 
     def __init__(self, node: str, plugin_dir: str, gpus: Sequence[Gpu], api: PodApi, *, unit: str = "GiB",
@@ -101,31 +102,15 @@ class BaselinePlugin:
     def _serve_and_register(self) -> None:
         self._stop_server()
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="sim-baseline"))
-        handlers = {
-            "GetDevicePluginOptions": grpc.unary_unary_rpc_method_handler(
-                self._options, request_deserializer=dp.Empty.FromString,
-                response_serializer=dp.DevicePluginOptions.SerializeToString),
-            "ListAndWatch": grpc.unary_stream_rpc_method_handler(
-                self._list_and_watch, request_deserializer=dp.Empty.FromString,
-                response_serializer=dp.ListAndWatchResponse.SerializeToString),
-            "Allocate": grpc.unary_unary_rpc_method_handler(
-                self._allocate, request_deserializer=dp.AllocateRequest.FromString,
-                response_serializer=dp.AllocateResponse.SerializeToString),
-            "PreStartContainer": grpc.unary_unary_rpc_method_handler(
-                self._pre_start, request_deserializer=dp.PreStartContainerRequest.FromString,
-                response_serializer=dp.PreStartContainerResponse.SerializeToString),
-        }
-        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("v1beta1.DevicePlugin", handlers),))
+        deviceplugin_pb2_grpc.add_DevicePluginServicer_to_server(self, server)  # type: ignore[no-untyped-call]
         server.add_insecure_port("unix://" + self.socket_path)
         server.start()
         self._server = server
         with grpc.insecure_channel("unix://" + os.path.join(self.plugin_dir, "kubelet.sock")) as channel:
-            channel.unary_unary(
-                "/v1beta1.Registration/Register",
-                request_serializer=dp.RegisterRequest.SerializeToString,
-                response_deserializer=dp.Empty.FromString,
-            )(dp.RegisterRequest(version="v1beta1", endpoint=self.endpoint, resource_name=self.resource,
-                                 options=dp.DevicePluginOptions()), timeout=10)
+            registration = deviceplugin_pb2_grpc.RegistrationStub(channel)  # type: ignore[no-untyped-call]
+            registration.Register(dp.RegisterRequest(version="v1beta1", endpoint=self.endpoint,
+                                                     resource_name=self.resource, options=dp.DevicePluginOptions()),
+                                  timeout=10)
 
     def _watch_kubelet(self) -> None:
         kubelet_sock = os.path.join(self.plugin_dir, "kubelet.sock")
@@ -139,44 +124,38 @@ class BaselinePlugin:
 
     # -- the DevicePlugin service ------------------------------------------------------------------------
 
-    def _options(self, request: dp.Empty, context: grpc.ServicerContext) -> dp.DevicePluginOptions:
+    def GetDevicePluginOptions(self, request: dp.Empty, context: grpc.ServicerContext) -> dp.DevicePluginOptions:
         return dp.DevicePluginOptions()
 
-    def _list_and_watch(self, request: dp.Empty, context: grpc.ServicerContext) -> Iterator[dp.ListAndWatchResponse]:
+    def ListAndWatch(self, request: dp.Empty, context: grpc.ServicerContext) -> Iterator[dp.ListAndWatchResponse]:
         devices = [dp.Device(ID=d, health="Healthy") for gpu in self.gpus for d in gpu.device_ids()]
         yield dp.ListAndWatchResponse(devices=devices)
         while context.is_active() and not self._stop.wait(0.2):
             pass
 
-    def _pre_start(self, request: dp.PreStartContainerRequest, context: grpc.ServicerContext
+    def PreStartContainer(self, request: dp.PreStartContainerRequest, context: grpc.ServicerContext
                    ) -> dp.PreStartContainerResponse:
         return dp.PreStartContainerResponse()
 
     def _error_response(self, request: dp.AllocateRequest, pod_units: int) -> dp.AllocateResponse:
-        out = dp.AllocateResponse()
-        for req in request.container_requests:
-            out.container_responses.append(dp.ContainerAllocateResponse(envs={
-                "NVIDIA_VISIBLE_DEVICES": f"no-gpu-has-{pod_units}{self.unit}-to-run",
-                "ALIYUN_COM_GPU_MEM_IDX": "-1",
-                "ALIYUN_COM_GPU_MEM_POD": str(pod_units),
-                "ALIYUN_COM_GPU_MEM_CONTAINER": str(len(req.devices_ids)),
-                "ALIYUN_COM_GPU_MEM_DEV": str(self.gpus[0].memory_units),
-            }))
-        return out
+        return self._answer(request, f"no-gpu-has-{pod_units}{self.unit}-to-run", -1, pod_units)
 
     def _response(self, request: dp.AllocateRequest, gpu: Gpu, pod_units: int) -> dp.AllocateResponse:
+        return self._answer(request, gpu.uuid, gpu.index, pod_units)
+
+    def _answer(self, request: dp.AllocateRequest, visible: str, index: int, pod_units: int) -> dp.AllocateResponse:
         out = dp.AllocateResponse()
         for req in request.container_requests:
             out.container_responses.append(dp.ContainerAllocateResponse(envs={
-                "NVIDIA_VISIBLE_DEVICES": gpu.uuid,
-                "ALIYUN_COM_GPU_MEM_IDX": str(gpu.index),
+                "NVIDIA_VISIBLE_DEVICES": visible,
+                "ALIYUN_COM_GPU_MEM_IDX": str(index),
                 "ALIYUN_COM_GPU_MEM_POD": str(pod_units),
                 "ALIYUN_COM_GPU_MEM_CONTAINER": str(len(req.devices_ids)),
                 "ALIYUN_COM_GPU_MEM_DEV": str(self.gpus[0].memory_units),
             }))
         return out
 
-    def _allocate(self, request: dp.AllocateRequest, context: grpc.ServicerContext) -> dp.AllocateResponse:
+    def Allocate(self, request: dp.AllocateRequest, context: grpc.ServicerContext) -> dp.AllocateResponse:
         response = self._decide(request)
         self.responses.extend(response.container_responses)
         return response

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from deviceplugin.api import deviceplugin_pb2 as dp
+from deviceplugin.api import deviceplugin_pb2_grpc, podresources_pb2_grpc
 from deviceplugin.api import podresources_pb2 as pr
 from tests.sim.devices import DeviceState
 
@@ -46,22 +47,16 @@ class PluginConn:
         return [d for d, health in self.devices.items() if health == "Healthy"]
 
     def allocate(self, device_ids: list[str], timeout: float) -> dp.AllocateResponse:
-        call = self.channel.unary_unary(
-            "/v1beta1.DevicePlugin/Allocate",
-            request_serializer=dp.AllocateRequest.SerializeToString,
-            response_deserializer=dp.AllocateResponse.FromString,
-        )
         request = dp.AllocateRequest(container_requests=[dp.ContainerAllocateRequest(devices_ids=device_ids)])
-        response: dp.AllocateResponse = call(request, timeout=timeout)
+        response: dp.AllocateResponse = _stub(self.channel).Allocate(request, timeout=timeout)
         return response
 
     def pre_start(self, device_ids: list[str], timeout: float) -> None:
-        call = self.channel.unary_unary(
-            "/v1beta1.DevicePlugin/PreStartContainer",
-            request_serializer=dp.PreStartContainerRequest.SerializeToString,
-            response_deserializer=dp.PreStartContainerResponse.FromString,
-        )
-        call(dp.PreStartContainerRequest(devices_ids=device_ids), timeout=timeout)
+        _stub(self.channel).PreStartContainer(dp.PreStartContainerRequest(devices_ids=device_ids), timeout=timeout)
+
+
+def _stub(channel: grpc.Channel) -> deviceplugin_pb2_grpc.DevicePluginStub:
+    return deviceplugin_pb2_grpc.DevicePluginStub(channel)  # type: ignore[no-untyped-call]
 
 
 def remove_sockets(directory: str) -> None:
@@ -73,7 +68,7 @@ def remove_sockets(directory: str) -> None:
                 os.unlink(path)
 
 
-class RegistrationServer:
+class RegistrationServer(deviceplugin_pb2_grpc.RegistrationServicer):
     """`/v1beta1.Registration/Register` on kubelet.sock; each registration connects to the plugin and watches it."""
 
     def __init__(self, plugin_dir: str, resource: str, on_devices: Callable[[PluginConn | None], None]) -> None:
@@ -87,17 +82,7 @@ class RegistrationServer:
 
     def start(self) -> None:
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="sim-kubelet-reg"))
-        handler = grpc.method_handlers_generic_handler(
-            "v1beta1.Registration",
-            {
-                "Register": grpc.unary_unary_rpc_method_handler(
-                    self._register,
-                    request_deserializer=dp.RegisterRequest.FromString,
-                    response_serializer=dp.Empty.SerializeToString,
-                )
-            },
-        )
-        server.add_generic_rpc_handlers((handler,))
+        deviceplugin_pb2_grpc.add_RegistrationServicer_to_server(self, server)  # type: ignore[no-untyped-call]
         server.add_insecure_port("unix://" + os.path.join(self.plugin_dir, "kubelet.sock"))
         server.start()
         self._server = server
@@ -113,7 +98,7 @@ class RegistrationServer:
                 conn.cancel()
             conn.channel.close()
 
-    def _register(self, request: dp.RegisterRequest, context: grpc.ServicerContext) -> dp.Empty:
+    def Register(self, request: dp.RegisterRequest, context: grpc.ServicerContext) -> dp.Empty:
         if request.version != VERSION:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"unsupported device plugin API version {request.version}")
         if request.resource_name != self.resource:
@@ -126,17 +111,9 @@ class RegistrationServer:
     def _connect(self, request: dp.RegisterRequest, path: str) -> None:
         channel = grpc.insecure_channel("unix://" + path)
         try:
-            options: dp.DevicePluginOptions = channel.unary_unary(
-                "/v1beta1.DevicePlugin/GetDevicePluginOptions",
-                request_serializer=dp.Empty.SerializeToString,
-                response_deserializer=dp.DevicePluginOptions.FromString,
-            )(dp.Empty(), timeout=10)
-            stream_call = channel.unary_stream(
-                "/v1beta1.DevicePlugin/ListAndWatch",
-                request_serializer=dp.Empty.SerializeToString,
-                response_deserializer=dp.ListAndWatchResponse.FromString,
-            )
-            responses = stream_call(dp.Empty())
+            stub = _stub(channel)
+            options: dp.DevicePluginOptions = stub.GetDevicePluginOptions(dp.Empty(), timeout=10)
+            responses = stub.ListAndWatch(dp.Empty())
         except grpc.RpcError:
             channel.close()
             return
@@ -189,7 +166,7 @@ class TokenBucket:
             return False
 
 
-class PodResourcesServer:
+class PodResourcesServer(podresources_pb2_grpc.PodResourcesListerServicer):
     """`v1.PodResourcesLister` on its own socket, from the device state, rate limited like the kubelet's."""
 
     def __init__(self, socket_path: str, state: DeviceState, allocatable: Callable[[], list[str]],
@@ -206,18 +183,7 @@ class PodResourcesServer:
 
     def start(self) -> None:
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="sim-kubelet-podres"))
-        handlers = {
-            "List": grpc.unary_unary_rpc_method_handler(
-                self._list, request_deserializer=pr.ListPodResourcesRequest.FromString,
-                response_serializer=pr.ListPodResourcesResponse.SerializeToString),
-            "Get": grpc.unary_unary_rpc_method_handler(
-                self._get, request_deserializer=pr.GetPodResourcesRequest.FromString,
-                response_serializer=pr.GetPodResourcesResponse.SerializeToString),
-            "GetAllocatableResources": grpc.unary_unary_rpc_method_handler(
-                self._allocatable, request_deserializer=pr.AllocatableResourcesRequest.FromString,
-                response_serializer=pr.AllocatableResourcesResponse.SerializeToString),
-        }
-        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("v1.PodResourcesLister", handlers),))
+        podresources_pb2_grpc.add_PodResourcesListerServicer_to_server(self, server)  # type: ignore[no-untyped-call]
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.socket_path)
         server.add_insecure_port("unix://" + self.socket_path)
@@ -246,11 +212,11 @@ class PodResourcesServer:
                 ],
             )
 
-    def _list(self, request: pr.ListPodResourcesRequest, context: grpc.ServicerContext) -> pr.ListPodResourcesResponse:
+    def List(self, request: pr.ListPodResourcesRequest, context: grpc.ServicerContext) -> pr.ListPodResourcesResponse:
         self._admit(context)
         return pr.ListPodResourcesResponse(pod_resources=list(self._pods()))
 
-    def _get(self, request: pr.GetPodResourcesRequest, context: grpc.ServicerContext) -> pr.GetPodResourcesResponse:
+    def Get(self, request: pr.GetPodResourcesRequest, context: grpc.ServicerContext) -> pr.GetPodResourcesResponse:
         self._admit(context)
         for pod in self._pods():
             if pod.name == request.pod_name and pod.namespace == request.pod_namespace:
@@ -258,7 +224,7 @@ class PodResourcesServer:
         context.abort(grpc.StatusCode.NOT_FOUND, f"pod {request.pod_namespace}/{request.pod_name} not found")
         raise AssertionError("unreachable")
 
-    def _allocatable(
+    def GetAllocatableResources(
         self, request: pr.AllocatableResourcesRequest, context: grpc.ServicerContext
     ) -> pr.AllocatableResourcesResponse:
         self._admit(context)

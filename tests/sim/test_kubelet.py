@@ -16,6 +16,7 @@ import grpc
 import pytest
 
 from deviceplugin.api import deviceplugin_pb2 as dp
+from deviceplugin.api import deviceplugin_pb2_grpc, podresources_pb2_grpc
 from deviceplugin.api import podresources_pb2 as pr
 from deviceplugin.inventory import Gpu, fake_gpus
 from tests.sim.kubelet import Kubelet, KubeletConfig
@@ -39,7 +40,7 @@ class Refuse(Exception):
     pass
 
 
-class ScriptedPlugin:
+class ScriptedPlugin(deviceplugin_pb2_grpc.DevicePluginServicer):
     """A device plugin whose Allocate and PreStartContainer answers a test decides; it records every call."""
 
     def __init__(self, plugin_dir: str, gpus: tuple[Gpu, ...], *, pre_start_required: bool = True,
@@ -55,40 +56,29 @@ class ScriptedPlugin:
 
     def start(self) -> None:
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-        handlers = {
-            "GetDevicePluginOptions": grpc.unary_unary_rpc_method_handler(
-                self._options, dp.Empty.FromString, dp.DevicePluginOptions.SerializeToString),
-            "ListAndWatch": grpc.unary_stream_rpc_method_handler(
-                self._list_and_watch, dp.Empty.FromString, dp.ListAndWatchResponse.SerializeToString),
-            "Allocate": grpc.unary_unary_rpc_method_handler(
-                self._allocate, dp.AllocateRequest.FromString, dp.AllocateResponse.SerializeToString),
-            "PreStartContainer": grpc.unary_unary_rpc_method_handler(
-                self._pre_start, dp.PreStartContainerRequest.FromString,
-                dp.PreStartContainerResponse.SerializeToString),
-        }
-        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("v1beta1.DevicePlugin", handlers),))
+        deviceplugin_pb2_grpc.add_DevicePluginServicer_to_server(self, server)  # type: ignore[no-untyped-call]
         server.add_insecure_port("unix://" + os.path.join(self.plugin_dir, "scripted.sock"))
         server.start()
         self.server = server
         with grpc.insecure_channel("unix://" + os.path.join(self.plugin_dir, "kubelet.sock")) as channel:
-            channel.unary_unary("/v1beta1.Registration/Register", dp.RegisterRequest.SerializeToString,
-                                dp.Empty.FromString)(
+            registration = deviceplugin_pb2_grpc.RegistrationStub(channel)  # type: ignore[no-untyped-call]
+            registration.Register(
                 dp.RegisterRequest(version="v1beta1", endpoint="scripted.sock", resource_name=RESOURCE), timeout=5)
 
     def close(self) -> None:
         if self.server is not None:
             self.server.stop(0).wait(5)
 
-    def _options(self, request: dp.Empty, context: grpc.ServicerContext) -> dp.DevicePluginOptions:
+    def GetDevicePluginOptions(self, request: dp.Empty, context: grpc.ServicerContext) -> dp.DevicePluginOptions:
         self.calls.append(("GetDevicePluginOptions", []))
         return dp.DevicePluginOptions(pre_start_required=self.pre_start_required)
 
-    def _list_and_watch(self, request: dp.Empty, context: grpc.ServicerContext) -> Iterator[dp.ListAndWatchResponse]:
+    def ListAndWatch(self, request: dp.Empty, context: grpc.ServicerContext) -> Iterator[dp.ListAndWatchResponse]:
         yield dp.ListAndWatchResponse(devices=[dp.Device(ID=d, health="Healthy") for d in self.devices])
         while context.is_active():
             time.sleep(0.05)
 
-    def _allocate(self, request: dp.AllocateRequest, context: grpc.ServicerContext) -> dp.AllocateResponse:
+    def Allocate(self, request: dp.AllocateRequest, context: grpc.ServicerContext) -> dp.AllocateResponse:
         assert len(request.container_requests) == 1
         ids = list(request.container_requests[0].devices_ids)
         self.calls.append(("Allocate", ids))
@@ -98,7 +88,7 @@ class ScriptedPlugin:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
             raise
 
-    def _pre_start(self, request: dp.PreStartContainerRequest, context: grpc.ServicerContext
+    def PreStartContainer(self, request: dp.PreStartContainerRequest, context: grpc.ServicerContext
                    ) -> dp.PreStartContainerResponse:
         self.calls.append(("PreStartContainer", list(request.devices_ids)))
         if self.prestart_failures:
@@ -203,14 +193,10 @@ def test_pod_resources_and_checkpoint(node_factory: Callable[..., Node]) -> None
     pod = node.run(gpu_pod("p", apps=[2]))
     config = node.kubelet.config
     with grpc.insecure_channel("unix://" + config.pod_resources_socket) as channel:
-        listed = channel.unary_unary("/v1.PodResourcesLister/List", pr.ListPodResourcesRequest.SerializeToString,
-                                     pr.ListPodResourcesResponse.FromString)(pr.ListPodResourcesRequest(), timeout=5)
-        got = channel.unary_unary("/v1.PodResourcesLister/Get", pr.GetPodResourcesRequest.SerializeToString,
-                                  pr.GetPodResourcesResponse.FromString)(
-            pr.GetPodResourcesRequest(pod_name="p", pod_namespace="default"), timeout=5)
-        allocatable = channel.unary_unary(
-            "/v1.PodResourcesLister/GetAllocatableResources", pr.AllocatableResourcesRequest.SerializeToString,
-            pr.AllocatableResourcesResponse.FromString)(pr.AllocatableResourcesRequest(), timeout=5)
+        lister = podresources_pb2_grpc.PodResourcesListerStub(channel)  # type: ignore[no-untyped-call]
+        listed = lister.List(pr.ListPodResourcesRequest(), timeout=5)
+        got = lister.Get(pr.GetPodResourcesRequest(pod_name="p", pod_namespace="default"), timeout=5)
+        allocatable = lister.GetAllocatableResources(pr.AllocatableResourcesRequest(), timeout=5)
     [listed_pod] = listed.pod_resources
     assert (listed_pod.name, listed_pod.namespace) == ("p", "default")
     ids = list(listed_pod.containers[0].devices[0].device_ids)

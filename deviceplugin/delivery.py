@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from deviceplugin.inventory import Gpu
-from webhook.mutate import expected_env
+from webhook.envrules import expected_env
 from webhook.protocol import ENV_CONTAINER, ENV_DEV, ENV_IDX, ENV_POD, ENV_VISIBLE, RESERVED_ENV
 
 SLOT_ENV = "GPUSHARE_SLOT"

@@ -12,6 +12,7 @@ PURE = [
     "webhook.protocol",
     "webhook.signing",
     "webhook.review",
+    "webhook.envrules",
     "webhook.mutate",
     "webhook.validate",
     "webhook.settings",

@@ -15,7 +15,7 @@ from flask import Flask, Response, jsonify, request
 from werkzeug.exceptions import RequestEntityTooLarge
 
 from webhook import signing
-from webhook.mutate import mutate
+from webhook.mutate import mutate, mutate_update
 from webhook.review import MalformedReview, Request, Review, parse_review, respond, username
 from webhook.settings import Settings, from_environ
 from webhook.validate import validate
@@ -55,6 +55,11 @@ def _describe(req: Request) -> str:
     meta = req["object"].get("metadata") or {}
     name = meta.get("name") or f"{meta.get('generateName') or ''}<generated>"
     return f"{req['namespace']}/{name}"
+
+
+def _sub(req: Request) -> str:
+    sub = req.get("subResource")
+    return f" pods/{sub}" if sub else ""
 
 
 def _tls_problem(settings: Settings) -> str | None:
@@ -100,14 +105,19 @@ def create_app(
         except MalformedReview as exc:
             return malformed(exc)
         try:
-            patch = mutate(req["object"], req["namespace"], settings.contract, key.get(), new_id)
+            if req["operation"] == "UPDATE" and req["oldObject"] is not None:  # pods/ephemeralcontainers
+                patch = mutate_update(req["oldObject"], req["object"], settings.contract)
+            else:
+                patch = mutate(req["object"], req["namespace"], settings.contract, key.get(), new_id,
+                               other_gpu=settings.other_gpu_resources)
         except Exception as exc:
             log.exception("mutate %s uid=%s failed", _describe(req), req["uid"])
             return answer(respond(req["uid"], allowed=False, code=500, message=(
                 f"The gpushare webhook could not stamp pod {_describe(req)} because of an internal error ({exc}); "
                 "check the gpushare-webhook logs in gpushare-system and create the pod again."
             )))
-        log.info("mutate %s uid=%s ops=%s dryRun=%s", _describe(req), req["uid"], len(patch), req["dryRun"])
+        log.info("mutate %s uid=%s %s%s ops=%s dryRun=%s", _describe(req), req["uid"], req["operation"],
+                 _sub(req), len(patch), req["dryRun"])
         return answer(respond(req["uid"], patch=patch))
 
     @app.post("/validate")
@@ -128,9 +138,10 @@ def create_app(
                 "check the gpushare-webhook logs in gpushare-system and retry."
             )))
         if verdict.allowed:
-            log.debug("validate %s uid=%s %s allowed", _describe(req), req["uid"], req["operation"])
+            log.debug("validate %s uid=%s %s%s allowed", _describe(req), req["uid"], req["operation"], _sub(req))
         else:
-            log.info("validate %s uid=%s %s denied: %s", _describe(req), req["uid"], req["operation"], verdict.message)
+            log.info("validate %s uid=%s %s%s denied: %s", _describe(req), req["uid"], req["operation"], _sub(req),
+                     verdict.message)
         return answer(respond(req["uid"], allowed=verdict.allowed, message=verdict.message))
 
     @app.get("/healthz")

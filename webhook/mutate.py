@@ -2,23 +2,15 @@
 
 from __future__ import annotations
 
-import copy
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import jsonpatch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from webhook import signing
+from webhook.envrules import NEUTRAL_ENV, Slot, expected_env, is_neutral, needs_void, new_ephemeral, slots
 from webhook.protocol import (
-    DEV,
-    ENV_CONTAINER,
-    ENV_DEV,
-    ENV_IDX,
-    ENV_POD,
-    ENV_VISIBLE,
-    IDX,
     Contract,
     Intent,
     ProtocolError,
@@ -34,27 +26,6 @@ from webhook.protocol import (
 log = logging.getLogger(__name__)
 
 Patch = list[dict[str, Any]]
-
-
-def _annotation_ref(key: str) -> dict[str, Any]:
-    # apiVersion "v1" is what the API server defaults a fieldRef to; writing it keeps the stored pod
-    # equal to expected_env, so the validator and the device plugin can compare definitions exactly.
-    return {"valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": f"metadata.annotations['{key}']"}}}
-
-
-def expected_env(container_units: int, intent_total: int) -> list[dict[str, Any]]:
-    """The env entries a GPU-share container gets in `env` delivery mode, in injection order.
-
-    NVIDIA_VISIBLE_DEVICES and the index/device variables come from the pod's own annotations through the
-    downward API, which kubelet resolves at each container creation (after the extender wrote them).
-    """
-    return [
-        {"name": ENV_VISIBLE, **_annotation_ref(IDX)},
-        {"name": ENV_IDX, **_annotation_ref(IDX)},
-        {"name": ENV_DEV, **_annotation_ref(DEV)},
-        {"name": ENV_CONTAINER, "value": str(container_units)},
-        {"name": ENV_POD, "value": str(intent_total)},
-    ]
 
 
 def _stamped_intent(
@@ -79,56 +50,104 @@ def _stamped_intent(
     return intent, intent_mismatch(intent, pod, contract) is None
 
 
-def _inject_env(container: dict[str, Any], units: int, total: int) -> None:
-    env = container.get("env")
-    if not isinstance(env, list):
-        env = container["env"] = []
-    present = {entry.get("name") for entry in env if isinstance(entry, dict)}
-    for entry in expected_env(units, total):
-        # Never overwrite what the user wrote: the validating webhook denies a conflicting definition
-        # with a message, which is better than silently replacing it.
-        if entry["name"] not in present:
-            env.append(entry)
+def _pointer(key: str) -> str:
+    """One JSON-pointer segment (RFC 6901): '~' and '/' escaped, as annotation keys contain '/'."""
+    return key.replace("~", "~0").replace("/", "~1")
 
 
-def mutate(
+def _annotation_ops(pod: Mapping[str, Any], values: Mapping[str, str]) -> Patch:
+    meta = pod.get("metadata")
+    if not isinstance(meta, Mapping):
+        return [{"op": "add", "path": "/metadata", "value": {"annotations": dict(values)}}]
+    if not isinstance(meta.get("annotations"), Mapping):
+        return [{"op": "add", "path": "/metadata/annotations", "value": dict(values)}]
+    # "add" on an existing member replaces it (RFC 6902 4.1): a re-stamp overwrites the webhook's own old intent.
+    return [{"op": "add", "path": f"/metadata/annotations/{_pointer(k)}", "value": v} for k, v in values.items()]
+
+
+def _env_ops(slot: Slot, entries: Sequence[Mapping[str, Any]]) -> Patch:
+    if not entries:
+        return []
+    if not isinstance(slot.container.get("env"), list):
+        return [{"op": "add", "path": f"{slot.path}/env", "value": [dict(e) for e in entries]}]
+    return [{"op": "add", "path": f"{slot.path}/env/-", "value": dict(e)} for e in entries]
+
+
+def _share_env(slot: Slot, units: int, total: int) -> list[dict[str, Any]]:
+    # Never overwrite what the user wrote: the validating webhook denies a conflicting definition with a message,
+    # which is better than silently replacing it.
+    present = {entry.get("name") for entry in slot.container.get("env") or []}
+    return [entry for entry in expected_env(units, total) if entry["name"] not in present]
+
+
+def _container_ops(pod: Mapping[str, Any], contract: Contract, intent: Intent | None,
+                   other_gpu: Sequence[str]) -> Patch:
+    """env delivery: the GPU env into GPU-share containers, NVIDIA_VISIBLE_DEVICES=void into every other one."""
+    ops: Patch = []
+    for slot in slots(pod, ("initContainers", "containers")):
+        if is_neutral(slot.container, contract, other_gpu):
+            if needs_void(slot.container):
+                ops.extend(_env_ops(slot, [NEUTRAL_ENV]))
+            continue
+        try:
+            units = container_units(slot.container, contract.resource, "container")
+        except ProtocolError:
+            continue  # the validator refuses the malformed limit with a message
+        if units and intent is not None:
+            ops.extend(_env_ops(slot, _share_env(slot, units, intent.total)))
+    return ops
+
+
+def _intent_ops(
     pod: Mapping[str, Any], namespace: str, contract: Contract, signer: Ed25519PrivateKey, new_id: Callable[[], str]
-) -> Patch:
-    """The JSONPatch that stamps a GPU-share pod; [] for other pods and for pods already stamped."""
+) -> tuple[Intent | None, Patch]:
+    """The pod's intent (kept or fresh) and the ops that stamp it; (None, []) for a pod that is not GPU-share."""
     try:
         demand = demand_of(pod, contract.resource)
     except ProtocolError as exc:
         log.info("pod %s has a malformed %s limit, left to the validator: %s", pod_ref(pod), contract.resource, exc)
-        return []
+        return None, []
     if not demand.wants_gpu:
-        return []
+        return None, []
     annotations = read_annotations(pod)
     previous, keep = _stamped_intent(annotations, pod, namespace, contract, signer)
     if previous is None and (contract.intent_key in annotations or contract.signature_key in annotations):
         # Not ours (edited, copied from another namespace, half present): leave it for the validator to deny.
         log.info("pod %s in %s carries an intent this webhook did not sign; not stamping", pod_ref(pod), namespace)
-        return []
-
-    edited = copy.deepcopy(dict(pod))
+        return None, []
     if previous is not None and keep:
-        intent = previous
-    else:
-        # A fresh id also when re-stamping: a genuine intent copied from another pod must not lend it its id.
-        intent = intent_for(demand, contract, new_id())
-        text = intent.to_json()
-        meta = edited.setdefault("metadata", {})
-        if not isinstance(meta.get("annotations"), dict):
-            meta["annotations"] = {}
-        meta["annotations"][contract.intent_key] = text
-        meta["annotations"][contract.signature_key] = signing.sign(signer, text, namespace)
+        return previous, []
+    # A fresh id also when re-stamping: a genuine intent copied from another pod must not lend it its id.
+    intent = intent_for(demand, contract, new_id())
+    text = intent.to_json()
+    stamp = {contract.intent_key: text, contract.signature_key: signing.sign(signer, text, namespace)}
+    return intent, _annotation_ops(pod, stamp)
 
+
+def mutate(
+    pod: Mapping[str, Any], namespace: str, contract: Contract, signer: Ed25519PrivateKey, new_id: Callable[[], str],
+    *, other_gpu: Sequence[str] = (),
+) -> Patch:
+    """The JSONPatch of a pod CREATE: stamp a GPU-share pod; in env delivery also neutralise every other container.
+
+    `other_gpu` names other device plugins' GPU resources (whole GPUs): their containers are left alone.
+    """
+    intent, ops = _intent_ops(pod, namespace, contract, signer, new_id)
     if contract.delivery == "env":
-        spec = edited.get("spec") or {}
-        for kind in ("initContainers", "containers"):
-            for container in spec.get(kind) or []:
-                units = container_units(container, contract.resource, "container")
-                if units:
-                    _inject_env(container, units, intent.total)
+        ops.extend(_container_ops(pod, contract, intent, other_gpu))
+    return ops
 
-    ops: Patch = jsonpatch.make_patch(dict(pod), edited).patch
+
+def mutate_update(old: Mapping[str, Any], new: Mapping[str, Any], contract: Contract) -> Patch:
+    """The JSONPatch of an UPDATE (pods/ephemeralcontainers): neutralise each ephemeral container it adds.
+
+    Ephemeral containers can have no resources, so none is a GPU-share container; an added one cannot be
+    changed later (pkg/apis/core/validation ValidatePodEphemeralContainersUpdate), so it is neutralised now.
+    """
+    if contract.delivery != "env":
+        return []
+    ops: Patch = []
+    for slot in new_ephemeral(old, new):
+        if needs_void(slot.container):
+            ops.extend(_env_ops(slot, [NEUTRAL_ENV]))
     return ops

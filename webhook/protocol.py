@@ -34,9 +34,12 @@ ENV_CONTAINER: Final = "ALIYUN_COM_GPU_MEM_CONTAINER"
 ENV_POD: Final = "ALIYUN_COM_GPU_MEM_POD"
 RESERVED_ENV: Final = (ENV_VISIBLE, ENV_CUDA_VISIBLE, ENV_IDX, ENV_DEV, ENV_CONTAINER, ENV_POD)
 
-_PREFIX_RE = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*)/$")
-_INT_RE = re.compile(r"^(0|[1-9][0-9]*)$")
-_QUANTITY_RE = re.compile(r"^([0-9]+)(k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$")
+# Patterns are matched whole (fullmatch: "$" would accept a trailing newline) and bounded in length, so no
+# value reaches int() with thousands of digits (Python refuses more than 4300 with a ValueError).
+_PREFIX_RE = re.compile(r"([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*)/")
+# 19 digits: an int64, which holds the largest value written (ALIYUN_COM_GPU_MEM_ASSUME_TIME, unix nanoseconds).
+_INT_RE = re.compile(r"0|[1-9][0-9]{0,18}")
+_QUANTITY_RE = re.compile(r"([0-9]{1,18})(k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?")
 _SUFFIX = {
     "": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
     "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
@@ -61,7 +64,7 @@ class Contract:
             raise ProtocolError(f"unit {self.unit!r} is not supported; use one of {', '.join(UNITS)}")
         if self.delivery not in DELIVERY_MODES:
             raise ProtocolError(f"delivery mode {self.delivery!r} is unknown; use one of env, cdi")
-        if not _PREFIX_RE.match(self.prefix) or len(self.prefix) > 254:
+        if not _PREFIX_RE.fullmatch(self.prefix) or len(self.prefix) > 254:
             raise ProtocolError(
                 f"annotation prefix {self.prefix!r} is not a DNS subdomain followed by '/', e.g. gpushare.io/"
             )
@@ -96,7 +99,7 @@ class Contract:
 def parse_units(value: object, where: str) -> int:
     """An extended-resource quantity as a whole number of units (extended resources cannot be fractional)."""
     text = str(value).strip()
-    match = _QUANTITY_RE.match(text)
+    match = _QUANTITY_RE.fullmatch(text)
     if not match:
         raise ProtocolError(
             f"{where} is {text!r}, which is not a whole number of units; write an integer such as 8"
@@ -230,8 +233,10 @@ def intent_for(demand: Demand, contract: Contract, allocation_id: str) -> Intent
 def _json_object(text: str, key: str) -> dict[str, Any]:
     try:
         doc = json.loads(text)
-    except (TypeError, ValueError) as exc:
-        raise ProtocolError(f"annotation {key} is not valid JSON ({exc}); it is written by gpushare only") from exc
+    except (TypeError, ValueError, RecursionError) as exc:  # RecursionError: nested deeper than the parser goes
+        raise ProtocolError(
+            f"annotation {key} is not valid JSON ({str(exc)[:200]}); it is written by gpushare only"
+        ) from exc
     if not isinstance(doc, dict):
         raise ProtocolError(f"annotation {key} must be a JSON object; it is written by gpushare only")
     return doc
@@ -319,7 +324,7 @@ def _int_annotation(annotations: Mapping[str, str], key: str) -> int | None:
     if key not in annotations:
         return None
     value = annotations[key]
-    if not isinstance(value, str) or not _INT_RE.match(value):
+    if not isinstance(value, str) or not _INT_RE.fullmatch(value):
         raise ProtocolError(
             f"annotation {key} is {value!r}, which is not a non-negative decimal integer; "
             "it is written by the scheduler extender and must be a plain number such as 1"

@@ -10,6 +10,12 @@ from typing import Any, Final, Literal, NotRequired, TypedDict
 API_VERSION: Final = "admission.k8s.io/v1"
 KIND: Final = "AdmissionReview"
 OPERATIONS: Final = ("CREATE", "UPDATE")
+# A Pod nests about 15 levels (managedFields included); anything far deeper is not a pod, and stays well clear of
+# the recursion limit of whatever reads it next.
+MAX_DEPTH: Final = 64
+_CONTAINER_KINDS: Final = ("initContainers", "containers", "ephemeralContainers")
+_TOO_DEEP: Final = f"the request body nests deeper than {MAX_DEPTH} levels; send an AdmissionReview"
+_WORDS: Final[dict[type, str]] = {dict: "an object", list: "a list", str: "a string"}
 
 
 class MalformedReview(ValueError):
@@ -76,7 +82,11 @@ def parse_review(body: bytes, max_bytes: int) -> Request:
     try:
         doc = json.loads(body)
     except (UnicodeDecodeError, ValueError) as exc:
-        raise MalformedReview(_one_line(f"the request body is not JSON ({exc})")) from exc
+        raise MalformedReview(_one_line(f"the request body is not JSON ({str(exc)[:200]})")) from exc
+    except RecursionError as exc:
+        raise MalformedReview(_TOO_DEEP) from exc
+    if _depth_over(doc, MAX_DEPTH):
+        raise MalformedReview(_TOO_DEEP)
     if not isinstance(doc, dict):
         raise MalformedReview("the request body is not a JSON object; send an AdmissionReview")
     if doc.get("apiVersion") != API_VERSION or doc.get("kind") != KIND:
@@ -106,6 +116,10 @@ def parse_review(body: bytes, max_bytes: int) -> Request:
     old = request.get("oldObject")
     if operation == "UPDATE" and not isinstance(old, dict):
         raise MalformedReview(f"the AdmissionReview {uid} is an UPDATE without oldObject")
+    for what, pod in (("object", obj), ("oldObject", old)):
+        problem = pod_shape_problem(pod) if isinstance(pod, dict) else None
+        if problem:
+            raise MalformedReview(f"the AdmissionReview {uid} {what} is not a core/v1 Pod: {problem}")
     namespace = request.get("namespace") or (obj.get("metadata") or {}).get("namespace")
     if not isinstance(namespace, str) or not namespace:
         raise MalformedReview(f"the AdmissionReview {uid} names no namespace; pods are always namespaced")
@@ -125,6 +139,90 @@ def parse_review(body: bytes, max_bytes: int) -> Request:
     if isinstance(request.get("subResource"), str):
         parsed["subResource"] = request["subResource"]
     return parsed
+
+
+def _depth_over(doc: object, limit: int) -> bool:
+    """True when `doc` nests deeper than `limit`; iterative, so a deep body cannot exhaust the stack here."""
+    stack: list[tuple[object, int]] = [(doc, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, dict | list):
+            if depth > limit:
+                return True
+            children = value.values() if isinstance(value, dict) else value
+            stack.extend((child, depth + 1) for child in children)
+    return False
+
+
+def _kind_problem(value: object, kind: type, where: str) -> str | None:
+    """None when `value` is absent (null) or of `kind`; else a phrase naming the field and what it must be."""
+    if value is None or isinstance(value, kind):
+        return None
+    return f"{where} is {type(value).__name__}, not {_WORDS[kind]}"
+
+
+def _container_problem(container: object, where: str) -> str | None:
+    if not isinstance(container, dict):
+        return f"{where} is {type(container).__name__}, not an object"
+    resources = container.get("resources")
+    checks: list[tuple[object, type, str]] = [
+        (container.get("name"), str, f"{where}.name"),
+        (resources, dict, f"{where}.resources"),
+        (container.get("env"), list, f"{where}.env"),
+        (container.get("volumeMounts"), list, f"{where}.volumeMounts"),
+    ]
+    if isinstance(resources, dict):
+        checks.append((resources.get("limits"), dict, f"{where}.resources.limits"))
+    problem = next((p for p in (_kind_problem(*check) for check in checks) if p), None)
+    if problem:
+        return problem
+    checks = []
+    for i, entry in enumerate(container.get("env") or []):
+        if not isinstance(entry, dict):
+            return f"{where}.env[{i}] is {type(entry).__name__}, not an object"
+        value_from = entry.get("valueFrom")
+        checks += [
+            (entry.get("name"), str, f"{where}.env[{i}].name"),
+            (entry.get("value"), str, f"{where}.env[{i}].value"),
+            (value_from, dict, f"{where}.env[{i}].valueFrom"),
+        ]
+        if isinstance(value_from, dict):
+            field_ref = value_from.get("fieldRef")
+            checks.append((field_ref, dict, f"{where}.env[{i}].valueFrom.fieldRef"))
+            if isinstance(field_ref, dict):
+                checks.append((field_ref.get("fieldPath"), str, f"{where}.env[{i}].valueFrom.fieldRef.fieldPath"))
+    for i, mount in enumerate(container.get("volumeMounts") or []):
+        if not isinstance(mount, dict):
+            return f"{where}.volumeMounts[{i}] is {type(mount).__name__}, not an object"
+        checks.append((mount.get("mountPath"), str, f"{where}.volumeMounts[{i}].mountPath"))
+    return next((p for p in (_kind_problem(*check) for check in checks) if p), None)
+
+
+def pod_shape_problem(pod: dict[str, Any]) -> str | None:
+    """Why `pod` does not have the shape of a Pod in the fields the rules read, or None when it does.
+
+    The API server only sends objects it has decoded, so this refuses forged bodies, not real pods: past this
+    check every reader may rely on the types.
+    """
+    meta, spec = pod.get("metadata"), pod.get("spec")
+    checks: list[tuple[object, type, str]] = [(meta, dict, "metadata"), (spec, dict, "spec")]
+    if isinstance(meta, dict):
+        annotations = meta.get("annotations")
+        checks += [(annotations, dict, "metadata.annotations"), (meta.get("namespace"), str, "metadata.namespace")]
+        if isinstance(annotations, dict):
+            checks += [(v, str, f"metadata.annotations[{k!r}]") for k, v in annotations.items()]
+    if isinstance(spec, dict):
+        checks.append((spec.get("nodeName"), str, "spec.nodeName"))
+        checks += [(spec.get(kind), list, f"spec.{kind}") for kind in _CONTAINER_KINDS]
+    problem = next((p for p in (_kind_problem(*check) for check in checks) if p), None)
+    if problem or not isinstance(spec, dict):
+        return problem
+    for kind in _CONTAINER_KINDS:
+        for i, container in enumerate(spec.get(kind) or []):
+            problem = _container_problem(container, f"spec.{kind}[{i}]")
+            if problem:
+                return problem
+    return None
 
 
 def _user_info(value: object) -> UserInfo:

@@ -42,6 +42,14 @@ def identity_list(text: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in text.split(",") if part.strip())
 
 
+def resource_list(text: str) -> tuple[str, ...]:
+    names = identity_list(text)
+    bad = [name for name in names if "/" not in name]
+    if bad:
+        raise ValueError(f"{', '.join(bad)} is not a domain-prefixed extended resource name")
+    return names
+
+
 def contract_from(env: Mapping[str, str]) -> Contract:
     """The cluster-wide contract, read the same way by the webhook and the device plugin."""
     resource = env_value(env, "GPUSHARE_RESOURCE_NAME", DEFAULT_RESOURCE)
@@ -63,6 +71,8 @@ class Settings:
     extender_identities: tuple[str, ...]
     plugin_identities: tuple[str, ...]
     max_gpu_units: int
+    # Other device plugins' GPU resources (whole GPUs): their containers get their env from that plugin.
+    other_gpu_resources: tuple[str, ...]
     signing_key: str
     tls_cert: str
     tls_key: str
@@ -88,6 +98,10 @@ def settings_from(env: Mapping[str, str]) -> Settings:
         extender_identities=identity_list(env_value(env, "GPUSHARE_EXTENDER_IDENTITIES", DEFAULT_EXTENDER)),
         plugin_identities=identity_list(env_value(env, "GPUSHARE_PLUGIN_IDENTITIES", DEFAULT_PLUGIN)),
         max_gpu_units=env_parsed(env, "GPUSHARE_MAX_GPU_UNITS", default_max, positive_int, "a positive integer"),
+        other_gpu_resources=env_parsed(
+            env, "GPUSHARE_OTHER_GPU_RESOURCES", "nvidia.com/gpu", resource_list,
+            "comma-separated extended resource names such as nvidia.com/gpu, or empty",
+        ),
         signing_key=env_value(env, "GPUSHARE_SIGNING_KEY", "/etc/gpushare/signing/signing.key"),
         tls_cert=env_value(env, "GPUSHARE_TLS_CERT", "/etc/gpushare/tls/tls.crt"),
         tls_key=env_value(env, "GPUSHARE_TLS_KEY", "/etc/gpushare/tls/tls.key"),

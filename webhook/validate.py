@@ -9,7 +9,7 @@ from typing import Any, Protocol
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from webhook import signing
-from webhook.mutate import expected_env
+from webhook.envrules import container_problems, expected_env, new_ephemeral, slots
 from webhook.protocol import (
     ASSIGNED,
     COMPAT_KEYS,
@@ -48,6 +48,9 @@ class Policy(Protocol):
 
     @property
     def max_gpu_units(self) -> int: ...
+
+    @property
+    def other_gpu_resources(self) -> tuple[str, ...]: ...
 
 
 @dataclass(frozen=True)
@@ -110,6 +113,7 @@ def _create_problems(pod: Pod, namespace: str, policy: Policy, public_key: Ed255
         problems.append(str(exc))
         demand = None
     intent = _created_intent(pod, namespace, demand, contract, public_key, problems=problems)
+    problems.extend(container_problems(list(slots(pod)), contract, policy.other_gpu_resources))
     if demand is None or not demand.wants_gpu:
         return problems
     for name, units in (*demand.containers, *((i.name, i.units) for i in demand.init_containers)):
@@ -223,7 +227,9 @@ def _env_problems(pod: Pod, contract: Contract, total: int) -> list[str]:
 def _update_problems(old: Pod, new: Pod, username: str, policy: Policy) -> list[str]:
     contract = policy.contract
     before, after = read_annotations(old), read_annotations(new)
-    problems = [
+    # pods/ephemeralcontainers adds containers to a running pod; the others cannot change (spec is immutable).
+    problems = container_problems(new_ephemeral(old, new), contract, policy.other_gpu_resources)
+    problems += [
         f"annotation {key} was {_verb(key, before, after)}, but it is stamped once at creation by the gpushare "
         "mutating webhook and never changes; restore its original value"
         for key in (contract.intent_key, contract.signature_key)

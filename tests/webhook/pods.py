@@ -25,8 +25,11 @@ Pod = dict[str, Any]
 
 
 def container(name: str, units: object = None, *, env: list[dict[str, Any]] | None = None,
-              restart: str | None = None) -> dict[str, Any]:
+              restart: str | None = None, volumeMounts: list[dict[str, Any]] | None = None,
+              ) -> dict[str, Any]:
     c: dict[str, Any] = {"name": name, "image": "cuda:12"}
+    if volumeMounts is not None:
+        c["volumeMounts"] = volumeMounts
     if units is not None:
         c["resources"] = {"limits": {RES: units}}
     if env is not None:

@@ -75,9 +75,33 @@ def test_mutate_then_validate_a_gpu_pod(client: FlaskClient) -> None:
     assert f"Annotation {IDX} was added by mallory" in verdict["response"]["status"]["message"]
 
 
-def test_pod_without_gpu_gets_no_patch(client: FlaskClient) -> None:
-    status, answer = post(client, "/mutate", review("CREATE", pod(container("a"))))
+def test_pod_without_gpu_gets_only_the_void_env(client: FlaskClient) -> None:
+    spec = pod(container("a"))
+    status, answer = post(client, "/mutate", review("CREATE", spec))
+    assert status == 200
+    assert answer["response"]["allowed"] is True
+    patched = jsonpatch.apply_patch(spec, json.loads(base64.b64decode(answer["response"]["patch"])))
+    assert patched["spec"]["containers"][0]["env"] == [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}]
+    assert "annotations" not in patched["metadata"]
+
+
+def test_pod_without_gpu_in_cdi_mode_gets_no_patch(cert_dir: Path) -> None:
+    app = create_app(settings_for(cert_dir, GPUSHARE_DELIVERY="cdi"), new_id=counter())
+    with app.test_client() as c:
+        status, answer = post(c, "/mutate", review("CREATE", pod(container("a"))))
     assert (status, answer["response"]) == (200, {"uid": "uid-1", "allowed": True})
+
+
+def test_added_ephemeral_container_is_neutralised(client: FlaskClient) -> None:
+    old = pod(container("a"))
+    new = json.loads(json.dumps(old))
+    new["spec"]["ephemeralContainers"] = [{"name": "debug", "image": "cuda:12"}]
+    req = review("UPDATE", new, old)
+    req["request"]["subResource"] = "ephemeralcontainers"
+    _, answer = post(client, "/mutate", req)
+    ops = json.loads(base64.b64decode(answer["response"]["patch"]))
+    assert ops == [{"op": "add", "path": "/spec/ephemeralContainers/0/env",
+                    "value": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}]}]
 
 
 @pytest.mark.parametrize("path", ["/mutate", "/validate"])
@@ -88,6 +112,8 @@ def test_pod_without_gpu_gets_no_patch(client: FlaskClient) -> None:
         (json.dumps({"apiVersion": "v1", "kind": "Pod"}).encode(), "answers only admission.k8s.io/v1"),
         (json.dumps(review("CREATE", pod())).replace('"uid-1"', '""').encode(), "has no uid"),
         (b"x" * 70000, "over the 65536-byte limit"),
+        (json.dumps(review("CREATE", {"spec": {"containers": {"a": {}}}})).encode(), "spec.containers is dict"),
+        (b"[" * 30000 + b"]" * 30000, "nests deeper than"),
     ],
 )
 def test_malformed_bodies_get_400_with_one_line(client: FlaskClient, path: str, raw: bytes, fragment: str) -> None:
@@ -101,17 +127,16 @@ def test_malformed_bodies_get_400_with_one_line(client: FlaskClient, path: str, 
 
 @pytest.mark.parametrize("path", ["/mutate", "/validate"])
 def test_internal_error_is_still_a_well_formed_denial(
-    cert_dir: Path, path: str, caplog: pytest.LogCaptureFixture
+    cert_dir: Path, tmp_path: Path, path: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     def broken_ids() -> str:
         raise RuntimeError("id source exhausted")
 
-    app = create_app(settings_for(cert_dir), new_id=broken_ids)
-    odd = pod(container("a", 2))
-    if path == "/validate":
-        odd["spec"]["containers"].append("not-a-container")
+    # /mutate fails on the id source, /validate on the signing key that is not mounted.
+    missing = {"GPUSHARE_SIGNING_KEY": str(tmp_path / "absent.key")} if path == "/validate" else {}
+    app = create_app(settings_for(cert_dir, **missing), new_id=broken_ids)
     with app.test_client() as c, caplog.at_level(logging.ERROR):
-        status, answer = post(c, path, review("CREATE", odd, uid="u-err"))
+        status, answer = post(c, path, review("CREATE", pod(container("a", 2)), uid="u-err"))
     assert status == 200
     assert answer["response"]["uid"] == "u-err"
     assert answer["response"]["allowed"] is False
@@ -123,7 +148,7 @@ def test_internal_error_is_still_a_well_formed_denial(
 def test_admission_log_lines_name_the_pod_and_uid(client: FlaskClient, caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.INFO, logger="webhook.app"):
         post(client, "/mutate", review("CREATE", pod(container("a", 1), name=None), uid="u-log"))
-    assert "mutate ml/job-<generated> uid=u-log ops=2" in caplog.text
+    assert "mutate ml/job-<generated> uid=u-log CREATE ops=2" in caplog.text
 
 
 def test_health_and_readiness(client: FlaskClient) -> None:

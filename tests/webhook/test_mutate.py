@@ -11,10 +11,12 @@ import pytest
 
 from tests.webhook.pods import KEY, NS, OTHER_KEY, container, counter, pod, stamped
 from webhook import signing
-from webhook.mutate import expected_env, mutate
+from webhook.envrules import expected_env
+from webhook.mutate import mutate
 from webhook.protocol import IDX, RESERVED_ENV, Contract, parse_intent
 
 ENV = Contract()
+VOID = {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}
 CDI = Contract(delivery="cdi")
 INTENT = ENV.intent_key
 SIGNATURE = ENV.signature_key
@@ -66,7 +68,7 @@ def test_gpu_share_pod_gets_signed_intent_and_env(
         if c["name"] in env_units:
             assert c["env"] == expected_env(env_units[c["name"]], total), case
         else:
-            assert "env" not in c, case
+            assert c["env"] == [VOID], case
     assert all(op["op"] == "add" for op in ops)
 
 
@@ -80,17 +82,23 @@ def test_deployment_pod_is_signed_for_the_request_namespace() -> None:
 
 
 @pytest.mark.parametrize(
-    "spec",
+    ("spec", "voided"),
     [
-        pod(container("a")),
-        pod(container("a", 0)),
-        pod(container("a"), inits=[container("i")]),
-        {"metadata": {"generateName": "x-"}, "spec": {}},
-        {},
+        (pod(container("a")), ["a"]),
+        (pod(container("a", 0)), ["a"]),
+        (pod(container("a", "0")), ["a"]),
+        (pod(container("a"), inits=[container("i")]), ["i", "a"]),
+        ({"metadata": {"generateName": "x-"}, "spec": {}}, []),
+        ({}, []),
     ],
 )
-def test_pod_without_gpu_share_gets_no_patch(spec: dict[str, Any]) -> None:
-    assert mutate(spec, NS, ENV, KEY, counter()) == []
+def test_pod_without_gpu_share_gets_only_the_void_env(spec: dict[str, Any], voided: list[str]) -> None:
+    _, out = apply(spec)
+    assert "annotations" not in out.get("metadata", {})
+    every = [*out.get("spec", {}).get("initContainers", []), *out.get("spec", {}).get("containers", [])]
+    assert [c["name"] for c in every if c.get("env") == [VOID]] == voided
+    assert mutate(spec, NS, CDI, KEY, counter()) == []
+    assert mutate(out, NS, ENV, KEY, counter()) == []  # idempotent under reinvocation
 
 
 def test_already_stamped_pod_gets_no_second_patch() -> None:
@@ -173,7 +181,7 @@ def test_configured_resource_unit_and_prefix_are_used() -> None:
     _, out = apply(spec, contract)
     intent = parse_intent(out["metadata"]["annotations"]["share.example.com/intent"])
     assert (intent.resource, intent.unit, dict(intent.containers)) == ("example.com/vram", "MiB", {"a": 512})
-    assert "env" not in out["spec"]["containers"][1]
+    assert out["spec"]["containers"][1]["env"] == [VOID]
 
 
 def test_expected_env_reads_the_index_from_the_pods_own_annotation() -> None:

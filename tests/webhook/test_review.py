@@ -28,6 +28,51 @@ def broken(**request_changes: Any) -> bytes:
     return body(doc)
 
 
+def nested(depth: int) -> dict[str, Any]:
+    doc: dict[str, Any] = {}
+    for _ in range(depth):
+        doc = {"x": doc}
+    return {"metadata": {"name": "p"}, "spec": {"containers": []}, "extra": doc}
+
+
+def confused(path: str, value: Any) -> dict[str, Any]:
+    """A pod with the field at `path` (dot-separated; digits index lists) replaced by `value`."""
+    doc = pod(container("a", 1, env=[{"name": "X", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}],
+                        volumeMounts=[{"name": "v", "mountPath": "/v"}]), annotations={"a": "b"})
+    *parents, last = path.split(".")
+    here: Any = doc
+    for part in parents:
+        here = here[int(part)] if part.isdigit() else here[part]
+    if last.isdigit():
+        here[int(last)] = value
+    else:
+        here[last] = value
+    return doc
+
+
+CONFUSED = [
+    (confused("metadata", []), "object is not a core/v1 Pod: metadata is list, not an object"),
+    (confused("metadata.annotations", ["a"]), "metadata.annotations is list"),
+    (confused("metadata.annotations.a", 1), "metadata.annotations['a'] is int, not a string"),
+    (confused("spec", "x"), "spec is str"),
+    (confused("spec.containers", {"a": {}}), "spec.containers is dict, not a list"),
+    (confused("spec.containers.0", "a"), "spec.containers[0] is str, not an object"),
+    (confused("spec.containers.0.resources", []), "spec.containers[0].resources is list"),
+    (confused("spec.containers.0.resources.limits", "8"), "spec.containers[0].resources.limits is str"),
+    (confused("spec.containers.0.env", {"X": "1"}), "spec.containers[0].env is dict"),
+    (confused("spec.containers.0.env.0", "X=1"), "spec.containers[0].env[0] is str"),
+    (confused("spec.containers.0.env.0.name", 7), "spec.containers[0].env[0].name is int"),
+    (confused("spec.containers.0.env.0.valueFrom", "x"), "env[0].valueFrom is str"),
+    (confused("spec.containers.0.env.0.valueFrom.fieldRef", []), "valueFrom.fieldRef is list"),
+    (confused("spec.containers.0.env.0.valueFrom.fieldRef.fieldPath", {}), "fieldRef.fieldPath is dict"),
+    (confused("spec.containers.0.volumeMounts", "x"), "volumeMounts is str"),
+    (confused("spec.containers.0.volumeMounts.0.mountPath", 1), "volumeMounts[0].mountPath is int"),
+    (confused("spec.nodeName", 1), "spec.nodeName is int"),
+    (confused("spec.initContainers", "x"), "spec.initContainers is str"),
+    (confused("spec.ephemeralContainers", {}), "spec.ephemeralContainers is dict"),
+]
+
+
 @pytest.mark.parametrize(
     ("raw", "fragment"),
     [
@@ -45,6 +90,11 @@ def broken(**request_changes: Any) -> bytes:
         (broken(operation="UPDATE"), "UPDATE without oldObject"),
         (body(review("CREATE", {"spec": {}}, namespace="")), "names no namespace"),
         (b" " * (LIMIT + 1), "over the 1048576-byte limit"),
+        (b"[" * 100_000 + b"]" * 100_000, "nests deeper than 64 levels"),
+        (body(review("CREATE", nested(65))), "nests deeper than 64 levels"),
+        (b'{"a": ' + b"9" * 5000 + b"}", "the request body is not JSON"),
+        *[(body(review("CREATE", obj)), fragment) for obj, fragment in CONFUSED],
+        (body(review("UPDATE", pod(), {"metadata": []})), "oldObject is not a core/v1 Pod: metadata is list"),
     ],
 )
 def test_malformed_reviews_say_what_is_wrong_on_one_line(raw: bytes, fragment: str) -> None:

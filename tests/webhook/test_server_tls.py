@@ -19,7 +19,7 @@ from certs.build import build_ca
 from tests.support.webhook_server import HOST, RunningWebhook, webhook_server
 from tests.webhook.pods import EXTENDER, container, pod, review
 from webhook import signing
-from webhook.mutate import expected_env
+from webhook.envrules import expected_env
 from webhook.protocol import IDX, parse_intent
 
 pytestmark = pytest.mark.timeout(90)
@@ -83,7 +83,7 @@ def test_mutate_over_tls_and_apply_the_patch(hook: RunningWebhook, name: str | N
                           annotations["gpushare.io/intent-signature"])
     assert out["spec"]["containers"][0]["env"] == expected_env(4, 6)
     assert out["spec"]["initContainers"][0]["env"] == expected_env(1, 6)
-    assert "env" not in out["spec"]["containers"][2]
+    assert out["spec"]["containers"][2]["env"] == [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}]
 
     status, again = hook.post_json("/mutate", review("CREATE", out))
     assert "patch" not in again["response"]

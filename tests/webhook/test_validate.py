@@ -21,7 +21,7 @@ from tests.webhook.pods import (
     stamped,
 )
 from webhook import signing
-from webhook.mutate import expected_env
+from webhook.envrules import expected_env
 from webhook.protocol import ASSIGNED, ASSUME_TIME, COMPAT_KEYS, DEV, IDX, POD, Allocation, ContainerSlot, Contract
 from webhook.settings import Settings, settings_from
 from webhook.validate import validate
@@ -130,8 +130,8 @@ CREATE_ALLOWED = [
     ("stamped GPU pod before fieldRef defaulting", with_env(GPU, UNDEFAULTED), POLICY),
     ("stamped pod in cdi mode", stamped(pod(container("a", 2)), Contract(delivery="cdi")), CDI_POLICY),
     ("pod without GPU", pod(container("a")), POLICY),
-    ("non-GPU container may set NVIDIA_VISIBLE_DEVICES", with_env(pod(container("cpu")), [
-        {"name": "NVIDIA_VISIBLE_DEVICES", "value": "none"}]), POLICY),
+    ("non-GPU container may set NVIDIA_VISIBLE_DEVICES to void", with_env(pod(container("cpu")), [
+        {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}]), POLICY),
     ("unrelated env and annotations", annotate(with_env(GPU, [*expected_env(2, 2), {"name": "HOME", "value": "/"}]),
                                                {"team": "vision"}), POLICY),
     ("limit exactly the largest GPU", stamped(pod(container("a", 192))), POLICY),

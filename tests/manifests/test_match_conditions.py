@@ -84,21 +84,76 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("condition", conditions(), ids=lambda c: f"{c[0]}:{c[1]}")
-@pytest.mark.parametrize(("case", "variables", "expected"), CASES, ids=[c[0] for c in CASES])
-def test_only_gpu_share_pods_reach_the_webhook(
-    condition: tuple[str, str, str], case: str, variables: dict[str, Any], expected: bool
-) -> None:
-    kind, name, expression = condition
+def selected(name: str) -> list[tuple[str, str, str]]:
+    return [c for c in conditions() if c[1] == name]
+
+
+def evaluate(kind: str, name: str, expression: str, variables: dict[str, Any], case: str) -> bool:
     env = celpy.Environment()
     program = env.program(env.compile(expression))
     result = program.evaluate({key: json_to_cel(value) for key, value in variables.items()})
-    # A matchCondition that errors or yields a non-bool counts as a failed call (failurePolicy: Fail).
+    # A matchCondition that errors or yields a non-bool counts as a failed call (failurePolicy decides).
     assert isinstance(result, celtypes.BoolType), f"{kind} {name} gave {result!r} for {case}"
-    assert bool(result) is expected, f"{kind} {name} for {case}"
+    return bool(result)
 
 
-def test_both_configurations_send_the_same_pods() -> None:
+@pytest.mark.parametrize("condition", [*selected("gpushare-pods-only"), *selected("ordinary-pods-only")],
+                         ids=lambda c: f"{c[0]}:{c[1]}")
+@pytest.mark.parametrize(("case", "variables", "expected"), CASES, ids=[c[0] for c in CASES])
+def test_gpu_share_pods_and_ordinary_pods_go_to_their_own_entries(
+    condition: tuple[str, str, str], case: str, variables: dict[str, Any], expected: bool
+) -> None:
+    kind, name, expression = condition
+    wanted = expected if name == "gpushare-pods-only" else not expected
+    assert evaluate(kind, name, expression, variables, case) is wanted, f"{kind} {name} for {case}"
+
+
+placed = pod(limits={GPU: "4"}, annotations={"gpushare.io/intent": "{}", "ALIYUN_COM_GPU_MEM_IDX": "0"})
+STATUS_CASES = [
+    ("kubelet status update of a GPU-share pod", request("UPDATE", placed, placed), False),
+    ("status update of a plain pod", request("UPDATE", pod(), pod()), False),
+    ("unrelated annotation added", request("UPDATE", pod(annotations={"a": "b"}), pod()), False),
+    ("reserved annotation changed", request("UPDATE", pod(annotations={"ALIYUN_COM_GPU_MEM_IDX": "1"}), placed),
+     True),
+    ("reserved annotation added to a plain pod", request("UPDATE", reserved_only, pod()), True),
+    ("reserved annotation removed", request("UPDATE", pod(annotations={"gpushare.io/intent": "{}"}), placed), True),
+    ("annotations removed entirely", request("UPDATE", without_annotations(placed), placed), True),
+]
+
+
+@pytest.mark.parametrize("condition", selected("reserved-annotations-change"), ids=lambda c: f"{c[0]}:{c[1]}")
+@pytest.mark.parametrize(("case", "variables", "expected"), STATUS_CASES, ids=[c[0] for c in STATUS_CASES])
+def test_status_updates_reach_the_webhook_only_when_reserved_annotations_change(
+    condition: tuple[str, str, str], case: str, variables: dict[str, Any], expected: bool
+) -> None:
+    kind, name, expression = condition
+    assert evaluate(kind, name, expression, variables, case) is expected, f"{kind} {name} for {case}"
+
+
+def hooks() -> list[tuple[str, dict[str, Any]]]:
+    docs = yaml.safe_load_all((MANIFESTS / "base" / "admission.yaml").read_text())
+    return [(doc["kind"], hook) for doc in docs for hook in doc["webhooks"]]
+
+
+def test_gpu_share_entries_fail_closed_and_ordinary_entries_never_block() -> None:
     found = conditions()
     assert {kind for kind, _, _ in found} == {"MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"}
-    assert len({expression for _, _, expression in found}) == 1
+    share = {expression for _, name, expression in found if name == "gpushare-pods-only"}
+    ordinary = {expression for _, name, expression in found if name == "ordinary-pods-only"}
+    assert len(share) == 1 and len(ordinary) == 1
+    assert " ".join(ordinary.pop().split()) == "!(" + " ".join(share.pop().split()) + ")"
+    for kind, hook in hooks():
+        name = hook["matchConditions"][0]["name"]
+        assert hook["failurePolicy"] == ("Ignore" if name == "ordinary-pods-only" else "Fail"), (kind, hook["name"])
+        if name == "ordinary-pods-only":
+            assert hook["timeoutSeconds"] <= 2, hook["name"]
+
+
+def test_every_path_that_changes_a_pod_is_covered() -> None:
+    covered = {(kind, op, res) for kind, hook in hooks() for rule in hook["rules"]
+               for op in rule["operations"] for res in rule["resources"]}
+    for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+        assert (kind, "CREATE", "pods") in covered
+        assert (kind, "UPDATE", "pods/ephemeralcontainers") in covered
+    assert ("ValidatingWebhookConfiguration", "UPDATE", "pods") in covered
+    assert ("ValidatingWebhookConfiguration", "UPDATE", "pods/status") in covered

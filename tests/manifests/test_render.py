@@ -23,18 +23,26 @@ pytestmark = pytest.mark.timeout(60)
 SERVICE = "gpushare-webhook"
 CLUSTER_SCOPED = {
     "Namespace", "ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration", "ValidatingWebhookConfiguration",
+    "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding",
 }
-# kind, webhook name, path, operations
+MUTATING, VALIDATING = "MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"
+CREATE_AND_EPHEMERAL = [(["CREATE"], "pods"), (["UPDATE"], "pods/ephemeralcontainers")]
+# kind, webhook name, path, failure policy, (operations, resource) per rule
 WEBHOOKS = [
-    ("MutatingWebhookConfiguration", "mutate.gpushare.io", "/mutate", ["CREATE"]),
-    ("ValidatingWebhookConfiguration", "validate.gpushare.io", "/validate", ["CREATE", "UPDATE"]),
+    (MUTATING, "mutate.gpushare.io", "/mutate", "Fail", CREATE_AND_EPHEMERAL),
+    (MUTATING, "neutralise.gpushare.io", "/mutate", "Ignore", CREATE_AND_EPHEMERAL),
+    (VALIDATING, "validate.gpushare.io", "/validate", "Fail",
+     [(["CREATE", "UPDATE"], "pods"), (["UPDATE"], "pods/ephemeralcontainers")]),
+    (VALIDATING, "validate-status.gpushare.io", "/validate", "Fail", [(["UPDATE"], "pods/status")]),
+    (VALIDATING, "validate-ordinary.gpushare.io", "/validate", "Ignore", CREATE_AND_EPHEMERAL),
 ]
 
 
-def the_webhook(objs: list[Obj], kind: str) -> Obj:
+def the_webhook(objs: list[Obj], kind: str, name: str) -> Obj:
     config = find(objs, kind, "gpushare-webhook")
-    assert len(config["webhooks"]) == 1
-    hook: Obj = config["webhooks"][0]
+    hooks = [h for h in config["webhooks"] if h["name"] == name]
+    assert len(hooks) == 1, f"{kind} gpushare-webhook has no single webhook {name}"
+    hook: Obj = hooks[0]
     return hook
 
 
@@ -72,18 +80,24 @@ def test_every_namespaced_object_is_in_the_webhook_namespace(overlay: str) -> No
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
-@pytest.mark.parametrize(("kind", "name", "path", "operations"), WEBHOOKS)
-def test_webhook_configuration(overlay: str, kind: str, name: str, path: str, operations: list[str]) -> None:
+@pytest.mark.parametrize(("kind", "name", "path", "policy", "rules"), WEBHOOKS)
+def test_webhook_configuration(
+    overlay: str, kind: str, name: str, path: str, policy: str, rules: list[tuple[list[str], str]]
+) -> None:
     objs = render(overlay)
-    hook = the_webhook(objs, kind)
-    assert hook["name"] == name
+    assert [h["name"] for h in find(objs, kind, "gpushare-webhook")["webhooks"]] == [
+        n for k, n, _, _, _ in WEBHOOKS if k == kind]
+    hook = the_webhook(objs, kind, name)
     assert hook["sideEffects"] == "None"
-    assert hook["failurePolicy"] == "Fail"
+    assert hook["failurePolicy"] == policy
     assert 1 <= hook["timeoutSeconds"] <= 10  # the API server allows 1-30 s; stay well under its 30 s budget
+    if policy == "Ignore":  # ordinary pods wait at most this long per entry while the webhook is unreachable
+        assert hook["timeoutSeconds"] <= 2
     assert hook["admissionReviewVersions"] == ["v1"]
     assert hook["rules"] == [
-        {"apiGroups": [""], "apiVersions": ["v1"], "operations": operations, "resources": ["pods"],
+        {"apiGroups": [""], "apiVersions": ["v1"], "operations": operations, "resources": [resource],
          "scope": "Namespaced"}
+        for operations, resource in rules
     ]
     ref = hook["clientConfig"]["service"]
     assert ref == {"namespace": NAMESPACE, "name": SERVICE, "path": path, "port": 443}
@@ -111,8 +125,8 @@ def test_webhook_paths_and_probes_are_routes_of_the_app(overlay: str) -> None:
     )
     routes = {(rule.rule, method) for rule in app.url_map.iter_rules() for method in rule.methods or ()}
     objs = render(overlay)
-    for kind, _, _, _ in WEBHOOKS:
-        assert (the_webhook(objs, kind)["clientConfig"]["service"]["path"], "POST") in routes
+    for kind, name, _, _, _ in WEBHOOKS:
+        assert (the_webhook(objs, kind, name)["clientConfig"]["service"]["path"], "POST") in routes
     ctr = container(pod_spec(objs, "Deployment", SERVICE), "webhook")
     for probe, path in (("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")):
         get = ctr[probe]["httpGet"]
@@ -151,7 +165,7 @@ def test_cert_manager_chain_and_injection() -> None:
     spec = pod_spec(objs, "Deployment", SERVICE)
     tls_volume = next(v for v in spec["volumes"] if v["name"] == "tls")
     assert tls_volume["secret"]["secretName"] == serving["secretName"] == "gpushare-webhook-tls"
-    for kind, _, _, _ in WEBHOOKS:
+    for kind in (MUTATING, VALIDATING):
         config = find(objs, kind, "gpushare-webhook")
         assert config["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == f"{NAMESPACE}/gpushare-webhook"
 
@@ -159,11 +173,11 @@ def test_cert_manager_chain_and_injection() -> None:
 def test_self_signed_overlay_has_no_cert_manager_objects_and_leaves_ca_bundle_to_the_cli() -> None:
     objs = render("self-signed")
     assert [o for o in objs if o["apiVersion"].startswith("cert-manager.io/")] == []
-    for kind, _, _, _ in WEBHOOKS:
+    for kind, name, _, _, _ in WEBHOOKS:
         config = find(objs, kind, "gpushare-webhook")
         assert "cert-manager.io/inject-ca-from" not in config["metadata"].get("annotations", {})
         # Absent, so `kubectl apply` never overwrites the caBundle that `gpushare-certs install` patched in.
-        assert "caBundle" not in the_webhook(objs, kind)["clientConfig"]
+        assert "caBundle" not in the_webhook(objs, kind, name)["clientConfig"]
 
 
 def hardened(ctx: Obj) -> None:
@@ -326,11 +340,18 @@ def test_trusted_identities_are_the_service_accounts(overlay: str) -> None:
 def test_match_conditions_use_the_configured_resource_and_prefix(overlay: str) -> None:
     objs = render(overlay)
     config = find(objs, "ConfigMap", "gpushare-config")["data"]
-    for kind, _, _, _ in WEBHOOKS:
-        expression = the_webhook(objs, kind)["matchConditions"][0]["expression"]
-        assert f"'{config['GPUSHARE_RESOURCE_NAME']}'" in expression
+    for kind, name, _, _, _ in WEBHOOKS:
+        expression = the_webhook(objs, kind, name)["matchConditions"][0]["expression"]
+        if name != "validate-status.gpushare.io":  # that one looks at annotations only
+            assert f"'{config['GPUSHARE_RESOURCE_NAME']}'" in expression
         assert f"'{config['GPUSHARE_ANNOTATION_PREFIX']}'" in expression
         assert "'ALIYUN_COM_GPU_MEM_'" in expression
+    policies = [o for o in objs if o["kind"] == "ValidatingAdmissionPolicy"]
+    assert len(policies) == 2
+    text = repr(policies)
+    for value in (config["GPUSHARE_RESOURCE_NAME"], config["GPUSHARE_ANNOTATION_PREFIX"],
+                  config["GPUSHARE_OTHER_GPU_RESOURCES"]):
+        assert value in text
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)

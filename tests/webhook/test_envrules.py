@@ -77,34 +77,36 @@ CVD = "CUDA_VISIBLE_DEVICES"
 MOUNT = {"name": "devs", "mountPath": "/var/run/nvidia-container-devices/all"}
 
 
-@pytest.mark.parametrize(
-    ("case", "spec", "fragments"),
-    [
-        ("plain pod sets all", pod(container("cpu", env=[{"name": NVD, "value": "all"}])),
-         ["container 'cpu' sets NVIDIA_VISIBLE_DEVICES", "remove the entry (or set it to void)"]),
-        ("sidecar lists indices", pod(container("a", 2), container("log", env=[{"name": NVD, "value": "0,1,2,3"}])),
-         ["container 'log' sets NVIDIA_VISIBLE_DEVICES"]),
-        ("init container", pod(container("a"), inits=[container("i", env=[{"name": NVD, "value": "all"}])]),
-         ["init container 'i' sets NVIDIA_VISIBLE_DEVICES"]),
-        ("limit of 0", pod(container("z", "0", env=[{"name": NVD, "value": "1"}])),
-         ["container 'z' sets NVIDIA_VISIBLE_DEVICES"]),
-        ("empty value", pod(container("cpu", env=[{"name": NVD, "value": ""}])), ["sets NVIDIA_VISIBLE_DEVICES"]),
-        ("CUDA_VISIBLE_DEVICES", pod(container("cpu", env=[{"name": CVD, "value": "0"}])),
-         ["container 'cpu' sets CUDA_VISIBLE_DEVICES"]),
-        ("copy of the webhook's fieldRef", pod(container("cpu", env=[{"name": NVD, **annotation_ref(IDX)}])),
-         ["sets NVIDIA_VISIBLE_DEVICES", f"reads annotation {IDX} into NVIDIA_VISIBLE_DEVICES"]),
-        ("fieldRef under another name", pod(container("cpu", env=[{"name": "X", **annotation_ref(IDX)}])),
-         [f"reads annotation {IDX} into X"]),
-        ("fieldRef to an own key", pod(container("cpu", env=[{"name": "X", **annotation_ref("gpushare.io/intent")}])),
-         ["reads annotation gpushare.io/intent into X"]),
-        ("device-list mount", pod(container("cpu", volumeMounts=[MOUNT])),
-         ["mounts a volume at /var/run/nvidia-container-devices/all", "mount it elsewhere"]),
-        ("device-list mount spelled oddly", pod(container("cpu", volumeMounts=[
-            {"name": "d", "mountPath": "//var/run/./nvidia-container-devices/0"}])), ["mounts a volume"]),
-        ("device-list mount in a GPU-share container", pod(container("a", 2, volumeMounts=[MOUNT])),
-         ["container 'a' mounts a volume"]),
-    ],
-)
+ATTACKS = [
+    ("plain pod sets all", pod(container("cpu", env=[{"name": NVD, "value": "all"}])),
+     ["container 'cpu' sets NVIDIA_VISIBLE_DEVICES", "remove the entry (or set it to void)"]),
+    ("sidecar lists indices", pod(container("a", 2), container("log", env=[{"name": NVD, "value": "0,1,2,3"}])),
+     ["container 'log' sets NVIDIA_VISIBLE_DEVICES"]),
+    ("init container", pod(container("a"), inits=[container("i", env=[{"name": NVD, "value": "all"}])]),
+     ["init container 'i' sets NVIDIA_VISIBLE_DEVICES"]),
+    ("limit of 0", pod(container("z", "0", env=[{"name": NVD, "value": "1"}])),
+     ["container 'z' sets NVIDIA_VISIBLE_DEVICES"]),
+    ("empty value", pod(container("cpu", env=[{"name": NVD, "value": ""}])),
+     ["container 'cpu' sets NVIDIA_VISIBLE_DEVICES"]),
+    ("CUDA_VISIBLE_DEVICES", pod(container("cpu", env=[{"name": CVD, "value": "0"}])),
+     ["container 'cpu' sets CUDA_VISIBLE_DEVICES"]),
+    ("copy of the webhook's fieldRef", pod(container("cpu", env=[{"name": NVD, **annotation_ref(IDX)}])),
+     ["container 'cpu' sets NVIDIA_VISIBLE_DEVICES", f"reads annotation {IDX} into NVIDIA_VISIBLE_DEVICES"]),
+    ("fieldRef under another name", pod(container("cpu", env=[{"name": "X", **annotation_ref(IDX)}])),
+     [f"container 'cpu' reads annotation {IDX} into X"]),
+    ("fieldRef to an own key", pod(container("cpu", env=[{"name": "X", **annotation_ref("gpushare.io/intent")}])),
+     ["container 'cpu' reads annotation gpushare.io/intent into X"]),
+    ("device-list mount", pod(container("cpu", volumeMounts=[MOUNT])),
+     ["container 'cpu' mounts a volume at /var/run/nvidia-container-devices/all", "mount it elsewhere"]),
+    ("device-list mount spelled oddly", pod(container("cpu", volumeMounts=[
+        {"name": "d", "mountPath": "//var/run/./nvidia-container-devices/0"}])),
+     ["container 'cpu' mounts a volume"]),
+    ("device-list mount in a GPU-share container", pod(container("a", 2, volumeMounts=[MOUNT])),
+     ["container 'a' mounts a volume"]),
+]
+
+
+@pytest.mark.parametrize(("case", "spec", "fragments"), ATTACKS, ids=[a[0] for a in ATTACKS])
 def test_containers_without_gpu_share_cannot_ask_for_gpus(case: str, spec: Pod, fragments: list[str]) -> None:
     for policy, contract in ((POLICY, ENV), (CDI_POLICY, CDI)):
         verdict = validate("CREATE", None, stamped(spec, contract), USER, NS, policy, KEY.public_key())
@@ -114,18 +116,18 @@ def test_containers_without_gpu_share_cannot_ask_for_gpus(case: str, spec: Pod, 
             assert fragment[0].upper() + fragment[1:] in verdict.message or fragment in verdict.message, case
 
 
-@pytest.mark.parametrize(
-    ("case", "spec"),
-    [
-        ("void of its own", pod(container("cpu", env=[NEUTRAL]))),
-        ("the mutation's own result", mutated(pod(container("a", 2), container("log"), inits=[container("i")]))),
-        ("whole-GPU container of another plugin", pod(limited("w", {"nvidia.com/gpu": "1"},
-                                                              env=[{"name": CVD, "value": "0"}]))),
-        ("unrelated fieldRef", pod(container("cpu", env=[{"name": "N", "valueFrom": {
-            "fieldRef": {"fieldPath": "metadata.name"}}}]))),
-        ("other mounts", pod(container("cpu", volumeMounts=[{"name": "d", "mountPath": "/var/run/secrets"}]))),
-    ],
-)
+HARMLESS = [
+    ("void of its own", pod(container("cpu", env=[NEUTRAL]))),
+    ("the mutation's own result", mutated(pod(container("a", 2), container("log"), inits=[container("i")]))),
+    ("whole-GPU container of another plugin", pod(limited("w", {"nvidia.com/gpu": "1"},
+                                                          env=[{"name": CVD, "value": "0"}]))),
+    ("unrelated fieldRef", pod(container("cpu", env=[{"name": "N", "valueFrom": {
+        "fieldRef": {"fieldPath": "metadata.name"}}}]))),
+    ("other mounts", pod(container("cpu", volumeMounts=[{"name": "d", "mountPath": "/var/run/secrets"}]))),
+]
+
+
+@pytest.mark.parametrize(("case", "spec"), HARMLESS, ids=[h[0] for h in HARMLESS])
 def test_harmless_containers_are_allowed(case: str, spec: Pod) -> None:
     verdict = validate("CREATE", None, spec, USER, NS, POLICY, KEY.public_key())
     assert verdict.allowed, f"{case}: {verdict.message}"

@@ -50,6 +50,12 @@ class ProtocolError(ValueError):
     """An annotation or resource value that breaks the contract; the text names the key and the fix."""
 
 
+def _shown(value: object) -> str:
+    """A value for a message, cut short: a message must not repeat a 5000-digit number."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:40] + "... (" + str(len(str(value))) + " characters)"
+
+
 @dataclass(frozen=True)
 class Contract:
     """The cluster-wide settings both sides must agree on."""
@@ -102,7 +108,7 @@ def parse_units(value: object, where: str) -> int:
     match = _QUANTITY_RE.fullmatch(text)
     if not match:
         raise ProtocolError(
-            f"{where} is {text!r}, which is not a whole number of units; write an integer such as 8"
+            f"{where} is {_shown(text)}, which is not a whole number of units; write an integer such as 8"
         )
     return int(match.group(1)) * _SUFFIX[match.group(2) or ""]
 
@@ -326,8 +332,8 @@ def _int_annotation(annotations: Mapping[str, str], key: str) -> int | None:
     value = annotations[key]
     if not isinstance(value, str) or not _INT_RE.fullmatch(value):
         raise ProtocolError(
-            f"annotation {key} is {value!r}, which is not a non-negative decimal integer; "
-            "it is written by the scheduler extender and must be a plain number such as 1"
+            f"annotation {key} is {_shown(value)}, which is not a non-negative decimal integer of at most 19 "
+            "digits; it is written by the scheduler extender and must be a plain number such as 1"
         )
     return int(value)
 

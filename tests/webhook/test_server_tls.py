@@ -17,7 +17,8 @@ import pytest
 
 from certs.build import build_ca
 from tests.support.webhook_server import HOST, RunningWebhook, webhook_server
-from tests.webhook.pods import EXTENDER, container, pod, review
+from tests.webhook.pods import EXTENDER, annotate, container, pod, review
+from tests.webhook.test_envrules import ATTACKS, ephemeral
 from webhook import signing
 from webhook.envrules import expected_env
 from webhook.protocol import IDX, parse_intent
@@ -107,6 +108,51 @@ def test_validate_denies_a_user_set_visible_devices(hook: RunningWebhook) -> Non
     assert "Container 'main' sets NVIDIA_VISIBLE_DEVICES itself" in verdict["response"]["status"]["message"]
 
 
+@pytest.mark.parametrize(("case", "spec", "fragments"), ATTACKS, ids=[a[0] for a in ATTACKS])
+def test_containers_without_gpu_share_are_refused_gpus(
+    hook: RunningWebhook, case: str, spec: dict[str, Any], fragments: list[str]
+) -> None:
+    _, answer = hook.post_json("/mutate", review("CREATE", spec))
+    out = patched(answer, spec) if "patch" in answer["response"] else spec
+    _, verdict = hook.post_json("/validate", review("CREATE", out))
+    assert verdict["response"]["allowed"] is False, case
+    message = verdict["response"]["status"]["message"]
+    assert all(f[0].upper() + f[1:] in message or f in message for f in fragments), case
+
+
+def test_ordinary_pod_is_neutralised_and_passes(hook: RunningWebhook) -> None:
+    spec = pod(container("cpu"), inits=[container("init")])
+    _, answer = hook.post_json("/mutate", review("CREATE", spec))
+    out = patched(answer, spec)
+    void = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}]
+    assert out["spec"]["containers"][0]["env"] == out["spec"]["initContainers"][0]["env"] == void
+    _, verdict = hook.post_json("/validate", review("CREATE", out))
+    assert verdict["response"]["allowed"] is True
+
+
+def test_ephemeral_container_and_status_update_paths(hook: RunningWebhook) -> None:
+    running = pod(container("cpu", env=[{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}]))
+    debug = ephemeral(running, {"name": "dbg", "image": "cuda:12"})
+    req = review("UPDATE", debug, old=running)
+    req["request"]["subResource"] = "ephemeralcontainers"
+    _, answer = hook.post_json("/mutate", req)
+    assert patched(answer, debug)["spec"]["ephemeralContainers"][0]["env"] == [
+        {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}]
+    req = review("UPDATE", ephemeral(running, {"name": "dbg", "image": "cuda:12", "env": [
+        {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]}), old=running)
+    req["request"]["subResource"] = "ephemeralcontainers"
+    _, verdict = hook.post_json("/validate", req)
+    assert verdict["response"]["allowed"] is False
+    assert "Ephemeral container 'dbg' sets NVIDIA_VISIBLE_DEVICES" in verdict["response"]["status"]["message"]
+
+    blocking = annotate(running, {IDX: "1", "ALIYUN_COM_GPU_MEM_POD": "16", "ALIYUN_COM_GPU_MEM_DEV": "16"})
+    req = review("UPDATE", blocking, old=running, user="system:node:n1")
+    req["request"]["subResource"] = "status"
+    _, verdict = hook.post_json("/validate", req)
+    assert verdict["response"]["allowed"] is False
+    assert f"Annotation {IDX} was added by system:node:n1" in verdict["response"]["status"]["message"]
+
+
 @pytest.mark.parametrize("path", ["/mutate", "/validate"])
 @pytest.mark.parametrize(
     ("body", "fragment"),
@@ -115,12 +161,19 @@ def test_validate_denies_a_user_set_visible_devices(hook: RunningWebhook) -> Non
         (json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"}).encode(), "no request object"),
         (json.dumps(review("CREATE", pod())).replace('"Pod"', '"Node"', 1).encode(), "not a core/v1 Pod"),
         (b"{" + b" " * 100001 + b"}", "over the 100000-byte limit"),
+        (b"[" * 40000 + b"]" * 40000, "nests deeper than"),
+        (json.dumps(review("CREATE", {"metadata": {"annotations": ["x"]}})).encode(), "annotations is list"),
+        (json.dumps(review("CREATE", pod(container("a", 1), annotations={IDX: "9" * 5000}))).encode(), None),
     ],
 )
-def test_malformed_bodies_get_400(hook: RunningWebhook, path: str, body: bytes, fragment: str) -> None:
+def test_malformed_bodies_get_400(hook: RunningWebhook, path: str, body: bytes, fragment: str | None) -> None:
     status, text = hook.request("POST", path, body)
+    if fragment is None:  # well-formed, with a value nobody can parse: answered, never a 500
+        assert status == 200
+        return
     assert status == 400
     assert fragment in text.decode()
+    assert text.count(b"\n") == 1
 
 
 def test_cdi_delivery_injects_no_env(tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import logging
 import ssl
 import threading
@@ -10,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from flask import Flask, Response, jsonify, request
 from werkzeug.exceptions import RequestEntityTooLarge
@@ -23,6 +25,9 @@ from webhook.validate import validate
 log = logging.getLogger(__name__)
 
 _LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
+# Warn this long before the serving certificate lapses: cert-manager renews at two thirds of the lifetime (months
+# ahead for the one-year default), so a warning inside this window means renewal is not happening.
+EXPIRY_WARNING = datetime.timedelta(days=30)
 
 
 def _new_uuid() -> str:
@@ -62,13 +67,61 @@ def _sub(req: Request) -> str:
     return f" pods/{sub}" if sub else ""
 
 
-def _tls_problem(settings: Settings) -> str | None:
+def _utc_now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
+
+
+def _tls_state(settings: Settings, now: datetime.datetime) -> tuple[str | None, datetime.datetime | None]:
+    """(problem, expiry) of the serving pair: a pair that does not load (a key that does not match the
+    certificate included) or a certificate past its end is a problem; the API server's handshake would fail."""
     try:
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.load_cert_chain(settings.tls_cert, settings.tls_key)
-    except (OSError, ssl.SSLError) as exc:
-        return f"the TLS certificate {settings.tls_cert} / key {settings.tls_key} cannot be loaded ({exc})"
-    return None
+        with open(settings.tls_cert, "rb") as pem:
+            expires = x509.load_pem_x509_certificate(pem.read()).not_valid_after_utc
+    except (OSError, ssl.SSLError, ValueError) as exc:
+        return f"the TLS certificate {settings.tls_cert} / key {settings.tls_key} cannot be loaded ({exc})", None
+    if expires <= now:
+        return (
+            f"the serving certificate {settings.tls_cert} expired at {expires:%Y-%m-%dT%H:%M:%SZ}, so the API "
+            "server refuses the handshake; renew it (cert-manager does so on its own; without it run "
+            "gpushare-certs rotate)"
+        ), expires
+    return None, expires
+
+
+class Readiness:
+    """GET /readyz: the signing key loads and the serving pair loads, matches and has not expired; the expiry is
+    exposed as a header and warned about (once per certificate) in the last EXPIRY_WARNING before it lapses."""
+
+    def __init__(self, settings: Settings, key: SigningKey, clock: Callable[[], datetime.datetime]) -> None:
+        self._settings = settings
+        self._key = key
+        self._clock = clock
+        self._warned: set[datetime.datetime] = set()
+
+    def answer(self) -> tuple[str, int, dict[str, str]]:
+        problems: list[str] = []
+        try:
+            self._key.get()
+        except signing.SigningKeyError as exc:
+            problems.append(str(exc))
+        now = self._clock()
+        tls, expires = _tls_state(self._settings, now)
+        if tls:
+            problems.append(tls)
+        headers = {"Content-Type": "text/plain; charset=utf-8"}
+        if expires is not None:
+            stamp = f"{expires:%Y-%m-%dT%H:%M:%SZ}"
+            headers["X-Serving-Certificate-Expires"] = stamp
+            if not tls and expires - now < EXPIRY_WARNING and expires not in self._warned:
+                self._warned.add(expires)
+                log.warning("the serving certificate %s expires at %s, in %s days; renew it before then "
+                            "(cert-manager renews on its own; without it run gpushare-certs rotate)",
+                            self._settings.tls_cert, stamp, (expires - now).days)
+        if problems:
+            return "not ready: " + "; ".join(problems) + "\n", 503, headers
+        return "ok\n", 200, headers
 
 
 def create_app(
@@ -76,12 +129,14 @@ def create_app(
     *,
     private_key: Ed25519PrivateKey | None = None,
     new_id: Callable[[], str] = _new_uuid,
+    clock: Callable[[], datetime.datetime] = _utc_now,
 ) -> Flask:
     """The webhook's WSGI app: POST /mutate, POST /validate, GET /healthz, GET /readyz."""
     app = Flask(__name__)
     # The API server's own limit for a request body is 3 MiB (etcd's 1.5 MiB object, JSON-wrapped twice).
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
     key = SigningKey(settings, private_key)
+    readiness = Readiness(settings, key, clock)
 
     def body() -> bytes:
         try:
@@ -150,17 +205,7 @@ def create_app(
 
     @app.get("/readyz")
     def readyz() -> Any:
-        problems: list[str] = []
-        try:
-            key.get()
-        except signing.SigningKeyError as exc:
-            problems.append(str(exc))
-        tls = _tls_problem(settings)
-        if tls:
-            problems.append(tls)
-        if problems:
-            return "not ready: " + "; ".join(problems) + "\n", 503, {"Content-Type": "text/plain; charset=utf-8"}
-        return "ok\n", 200, {"Content-Type": "text/plain; charset=utf-8"}
+        return readiness.answer()
 
     return app
 

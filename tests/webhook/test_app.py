@@ -43,7 +43,7 @@ def settings_for(cert_dir: Path, **extra: str) -> Settings:
 
 @pytest.fixture
 def client(cert_dir: Path) -> Iterator[FlaskClient]:
-    app = create_app(settings_for(cert_dir), new_id=counter())
+    app = create_app(settings_for(cert_dir), new_id=counter(), clock=lambda: NOW)
     with app.test_client() as c:
         yield c
 
@@ -156,6 +156,41 @@ def test_health_and_readiness(client: FlaskClient) -> None:
     assert client.get("/readyz").get_data(as_text=True) == "ok\n"
 
 
+EXPIRES = NOW + datetime.timedelta(days=365)  # dev_bundle's serving certificate lasts a year
+
+
+@pytest.mark.parametrize(
+    ("now", "status", "warned"),
+    [
+        (NOW + datetime.timedelta(days=1), 200, False),
+        (EXPIRES - datetime.timedelta(days=10), 200, True),
+        (EXPIRES + datetime.timedelta(seconds=1), 503, False),
+    ],
+)
+def test_readiness_follows_the_serving_certificate_expiry(
+    cert_dir: Path, caplog: pytest.LogCaptureFixture, now: datetime.datetime, status: int, warned: bool
+) -> None:
+    app = create_app(settings_for(cert_dir), clock=lambda: now)
+    with app.test_client() as c, caplog.at_level(logging.WARNING, logger="webhook.app"):
+        first, second = c.get("/readyz"), c.get("/readyz")
+    assert first.status_code == second.status_code == status
+    assert first.headers["X-Serving-Certificate-Expires"].startswith(f"{EXPIRES:%Y-%m-%dT%H}")
+    assert caplog.text.count("expires at") == (1 if warned else 0)  # once per certificate, not per probe
+    if status == 503:
+        assert "expired at" in first.get_data(as_text=True)
+        assert "gpushare-certs rotate" in first.get_data(as_text=True)
+
+
+def test_not_ready_when_the_key_does_not_match_the_certificate(cert_dir: Path, tmp_path: Path) -> None:
+    other = dev_bundle(NOW)
+    for name in ("tls.crt", "signing.key"):
+        (tmp_path / name).write_bytes((cert_dir / name).read_bytes())
+    (tmp_path / "tls.key").write_bytes(other["tls.key"])
+    res = create_app(settings_for(tmp_path), clock=lambda: NOW).test_client().get("/readyz")
+    assert res.status_code == 503
+    assert "cannot be loaded" in res.get_data(as_text=True)
+
+
 @pytest.mark.parametrize(
     ("missing", "fragment"),
     [("signing.key", "the signing key"), ("tls.crt", "the TLS certificate")],
@@ -164,7 +199,7 @@ def test_not_ready_without_key_or_certificate(cert_dir: Path, tmp_path: Path, mi
     for name in ("tls.crt", "tls.key", "signing.key"):
         if name != missing:
             (tmp_path / name).write_bytes((cert_dir / name).read_bytes())
-    app = create_app(settings_for(tmp_path))
+    app = create_app(settings_for(tmp_path), clock=lambda: NOW)
     res = app.test_client().get("/readyz")
     assert res.status_code == 503
     assert fragment in res.get_data(as_text=True)
@@ -174,7 +209,7 @@ def test_not_ready_without_key_or_certificate(cert_dir: Path, tmp_path: Path, mi
 
 
 def test_mutate_without_signing_key_denies_with_the_reason(tmp_path: Path) -> None:
-    app = create_app(settings_for(tmp_path))
+    app = create_app(settings_for(tmp_path), clock=lambda: NOW)
     status, answer = post(app.test_client(), "/mutate", review("CREATE", pod(container("a", 1))))
     assert status == 200
     assert answer["response"]["allowed"] is False

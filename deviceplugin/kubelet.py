@@ -11,6 +11,7 @@ from collections.abc import Callable
 import grpc
 
 from deviceplugin.api import deviceplugin_pb2, deviceplugin_pb2_grpc, podresources_pb2, podresources_pb2_grpc
+from deviceplugin.dirwatch import EVERYTHING, DirWatch
 from deviceplugin.resolve import Holding, holdings_from_checkpoint
 
 log = logging.getLogger(__name__)
@@ -115,37 +116,60 @@ def _identity(path: str) -> tuple[int, int] | None:
 class RestartWatch:
     """Calls `on_restart` when the kubelet restarts: its socket is recreated, or ours is deleted.
 
-    The kubelet deletes every socket in the device-plugin directory when it starts, then serves a new
-    kubelet.sock; the plugin must serve again and register again. Polled, as the reference plugins do.
+    A starting kubelet deletes every socket in the device-plugin directory, then listens on a new kubelet.sock
+    (CleanupPluginDirectory in pkg/kubelet/cm/devicemanager/manager.go, Start in plugin/v1beta1/server.go); until
+    the plugin has registered again the kubelet has no healthy devices for it and fails the admission of every pod
+    that asks for them. So the directory is watched with inotify, and `interval` is only a slow safety-net poll.
     """
 
-    def __init__(self, kubelet_socket: str, own_socket: str, on_restart: Callable[[], None], interval: float) -> None:
+    def __init__(self, kubelet_socket: str, own_socket: str, on_restart: Callable[[], None], interval: float,
+                 settle: float = 0.05) -> None:
         self.kubelet_socket = kubelet_socket
         self.own_socket = own_socket
         self.on_restart = on_restart
         self.interval = interval
+        self.settle = settle  # the kubelet deletes the sockets, then listens: act once the directory is quiet
+        self._names = {os.path.basename(kubelet_socket), os.path.basename(own_socket), EVERYTHING}
         self._stop = threading.Event()
+        self._dir = DirWatch(os.path.dirname(kubelet_socket))
         self._thread = threading.Thread(target=self._run, name="kubelet-watch", daemon=True)
 
+    @property
+    def notified(self) -> bool:
+        """True when the directory is watched by inotify (else it is only polled)."""
+        return self._dir.watching
+
     def start(self, registered: bool = True) -> None:
-        """Start polling; when the first registration failed, register as soon as the kubelet answers."""
+        """Start watching; when the first registration failed, register as soon as the kubelet answers."""
         self._known = _identity(self.kubelet_socket) if registered else None
         self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
+        self._dir.wake()
         if self._thread.is_alive():
             self._thread.join(timeout=5)
+        self._dir.close()
 
     def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            current = _identity(self.kubelet_socket)
-            if current is None:
-                continue  # the kubelet is down; register when its socket is back
-            if current != self._known or not os.path.exists(self.own_socket):
-                log.info("the kubelet restarted (its socket is new or ours is gone); serving and registering again")
-                try:
-                    self.on_restart()
-                    self._known = current
-                except Exception:
-                    log.exception("registering again with the kubelet failed; will retry")
+        while not self._stop.is_set():
+            changed = self._dir.wait(self.interval)
+            if self._stop.is_set():
+                return
+            if changed and not changed & self._names:
+                continue  # another file (the kubelet's checkpoint, another plugin's socket)
+            while changed and self._dir.wait(self.settle) and not self._stop.is_set():
+                pass  # more is happening in the directory: wait until it is quiet
+            self._check()
+
+    def _check(self) -> None:
+        current = _identity(self.kubelet_socket)
+        if current is None:
+            return  # the kubelet is down; register when its socket is back
+        if current != self._known or not os.path.exists(self.own_socket):
+            log.info("the kubelet restarted (its socket is new or ours is gone); serving and registering again")
+            try:
+                self.on_restart()
+                self._known = current
+            except Exception:
+                log.exception("registering again with the kubelet failed; will retry")

@@ -54,6 +54,8 @@ DEFAULT_OVERLAP_SECONDS = 180.0
 class Target:
     namespace: str = DEFAULT_NAMESPACE
     service: str = DEFAULT_SERVICE
+    # DNS names or IPs the serving certificate names beside the Service's, for a webhook reached by URL.
+    extra_hosts: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -95,13 +97,15 @@ def ensure_serving(run: Run, signer: Issued, trusted: list[Issued], *, force: bo
     stored = cluster.read_secret(ns, TLS_SECRET)
     serving = serving_from(stored, ns)
     problem = "a new one was asked for" if force else serving_problem(
-        serving, signer.cert, now, service=target.service, namespace=ns
+        serving, signer.cert, now, service=target.service, namespace=ns, extra_hosts=target.extra_hosts
     )
     if problem is None and serving is not None and stored is not None:
         if stored.data.get("ca.crt") == pem(i.cert for i in trusted):
             return
     else:
-        serving = build_serving_cert(signer, now, service=target.service, namespace=ns)
+        serving = build_serving_cert(
+            signer, now, service=target.service, namespace=ns, extra_hosts=target.extra_hosts
+        )
         say(f"Issued a serving certificate for {target.service}.{ns}.svc, valid until "
             f"{serving.cert.not_valid_after_utc:%Y-%m-%d} ({problem}).")
     cluster.write_secret(ns, TLS_SECRET, tls_data(serving, [i.cert for i in trusted]), "kubernetes.io/tls", stored)
@@ -231,7 +235,8 @@ def say(line: str) -> None:
 def _run(args: argparse.Namespace, action: Callable[[Run], int]) -> int:
     factory: ClusterFactory = getattr(args, "cluster_factory", kube_cluster)
     try:
-        target = Target(args.namespace, getattr(args, "service", DEFAULT_SERVICE))
+        hosts = tuple(getattr(args, "extra_host", None) or ())
+        target = Target(args.namespace, getattr(args, "service", DEFAULT_SERVICE), hosts)
         return action(Run(factory(args), target, datetime.datetime.now(datetime.UTC), say))
     except (ClusterError, PlanError) as exc:
         print(str(exc), file=sys.stderr)
@@ -274,6 +279,11 @@ def _common(parser: argparse.ArgumentParser, service: bool = True) -> None:
     parser.add_argument("--namespace", default=DEFAULT_NAMESPACE, help="the webhook's namespace (default %(default)s)")
     if service:
         parser.add_argument("--service", default=DEFAULT_SERVICE, help="the webhook Service (default %(default)s)")
+        parser.add_argument(
+            "--extra-host", action="append", metavar="NAME_OR_IP",
+            help="another DNS name or IP the serving certificate names (repeatable), for a webhook the API server "
+            "reaches by URL rather than through its Service",
+        )
     parser.add_argument("--kubeconfig", default=None, help="kubeconfig file (default: $KUBECONFIG or ~/.kube/config)")
     parser.add_argument("--context", default=None, help="kubeconfig context (default: the current one)")
     parser.add_argument("--in-cluster", action="store_true", help="use the pod's service account (in a Job)")

@@ -142,6 +142,7 @@ def serving_problem(
     *,
     service: str = DEFAULT_SERVICE,
     namespace: str = DEFAULT_NAMESPACE,
+    extra_hosts: Sequence[str] = (),
 ) -> str | None:
     """Why the stored serving certificate must be replaced, or None when it can stay."""
     if serving is None:
@@ -150,10 +151,10 @@ def serving_problem(
         return "the serving certificate was not issued by the CA that must sign it"
     try:
         names = serving.cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-        dns = set(names.get_values_for_type(x509.DNSName))
+        named = {*names.get_values_for_type(x509.DNSName), *map(str, names.get_values_for_type(x509.IPAddress))}
     except x509.ExtensionNotFound:
-        dns = set()
-    missing = [h for h in service_hosts(service, namespace) if h not in dns]
+        named = set()
+    missing = [h for h in [*service_hosts(service, namespace), *extra_hosts] if h not in named]
     if missing:
         return f"the serving certificate does not name {', '.join(missing)}"
     if serving.cert.not_valid_after_utc - now < RENEW_BEFORE:

@@ -172,6 +172,21 @@ def test_install_renews_an_expiring_serving_certificate() -> None:
     assert any("expires on" in line for line in lines)
 
 
+def test_install_with_extra_hosts_reissues_until_they_are_named() -> None:
+    cluster = FakeCluster()
+    cluster.add_configurations()
+    commands.install(run(cluster))
+    lines: list[str] = []
+    commands.install(Run(cluster, Target(extra_hosts=("127.0.0.1", "webhook.example")), NOW, lines.append))
+    names = served_by(cluster).extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert "webhook.example" in names.get_values_for_type(x509.DNSName)
+    assert [str(ip) for ip in names.get_values_for_type(x509.IPAddress)] == ["127.0.0.1"]
+    assert any("does not name 127.0.0.1, webhook.example" in line for line in lines)
+    writes = len(cluster.writes)
+    commands.install(Run(cluster, Target(extra_hosts=("127.0.0.1", "webhook.example")), NOW, lines.append))
+    assert len(cluster.writes) == writes, "a certificate that names every host stays"
+
+
 def test_install_refuses_configurations_managed_by_cert_manager() -> None:
     cluster = FakeCluster()
     cluster.add_configurations({"cert-manager.io/inject-ca-from": f"{NS}/gpushare-webhook"})

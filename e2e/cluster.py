@@ -1,0 +1,287 @@
+"""A one-node cluster of upstream components with gpushare beside them: up, delivery switch, restarts, down.
+
+    python -m e2e.cluster up      # build what is missing, start everything, print how to reach it
+    python -m e2e.cluster down    # stop whatever a run left (also after Ctrl-C or a crash), unmount, clean
+
+In tests: `Cluster(settings, toolchain).up()` ... `.down()`; `down()` is safe to call at any point.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from e2e import control, gpushare, node, procs
+from e2e import settings as ports
+from e2e.kube import Kubectl, Rest
+from e2e.pki import Pki, kubeconfig
+from e2e.settings import E2eSettings, from_environ
+from e2e.toolchain import Toolchain, ToolchainError, ensure
+
+REPO = Path(__file__).resolve().parents[1]
+TENANT = "tenant-user"  # an ordinary user: edit rights in the test namespaces, nothing more
+
+
+class Cluster:
+    def __init__(self, settings: E2eSettings, toolchain: Toolchain) -> None:
+        self.settings = settings
+        self.toolchain = toolchain
+        self.run = settings.run_dir
+        self.pki_dir = self.run / "pki"
+        self.conf = self.run / "conf"
+        self.procs = procs.Processes(self.run)
+        self.server = f"https://127.0.0.1:{settings.port(ports.API_SERVER)}"
+        self.delivery = "env"
+        self.docs: list[dict[str, Any]] = []
+
+    # -- paths and clients ----------------------------------------------------------------------------
+
+    @property
+    def admin_kubeconfig(self) -> Path:
+        return self.conf / "admin.kubeconfig"
+
+    @property
+    def tenant_kubeconfig(self) -> Path:
+        return self.conf / "tenant.kubeconfig"
+
+    def kubectl(self, as_tenant: bool = False) -> Kubectl:
+        return Kubectl(self.tenant_kubeconfig if as_tenant else self.admin_kubeconfig)
+
+    def rest(self) -> Rest:
+        return Rest(self.server, self.pki_dir / "ca.crt",
+                    client=(self.pki_dir / "admin.crt", self.pki_dir / "admin.key"))
+
+    def log(self, name: str) -> Path:
+        return self.procs.logs / f"{name}.log"
+
+    # -- up -------------------------------------------------------------------------------------------
+
+    def up(self) -> None:
+        down(self.settings)
+        if any(p.endswith(b"/kubelet") for p in _process_names()):
+            raise procs.StartError("a kubelet is already running on this machine; the tier needs the node to itself")
+        shutil.rmtree(self.run, ignore_errors=True)
+        self.conf.mkdir(parents=True)
+        self.procs = procs.Processes(self.run)
+        try:
+            self._control_plane()
+            self._node()
+            self._gpushare()
+        except BaseException:
+            self.down()
+            raise
+
+    def _control_plane(self) -> None:
+        s, tc, pki = self.settings, self.toolchain, Pki(self.pki_dir)
+        pki.issue("apiserver", "kube-apiserver", hosts=("127.0.0.1", "localhost", "kubernetes",
+                                                        "kubernetes.default", "kubernetes.default.svc", "198.51.100.1"))
+        admin = pki.issue("admin", "gpushare-e2e-admin", org="system:masters")
+        pki.issue("apiserver-kubelet-client", "kube-apiserver-kubelet-client", org="system:masters")
+        pki.service_account_keys()
+        kubeconfig(self.admin_kubeconfig, self.server, pki.ca, client=admin)
+        kubeconfig(self.tenant_kubeconfig, self.server, pki.ca, client=pki.issue("tenant", TENANT), user=TENANT)
+        kcm = kubeconfig(self.conf / "kcm.kubeconfig", self.server, pki.ca,
+                         client=pki.issue("kcm", "system:kube-controller-manager"))
+        sched = kubeconfig(self.conf / "scheduler.kubeconfig", self.server, pki.ca,
+                           client=pki.issue("scheduler", "system:kube-scheduler"))
+        kubeconfig(self.conf / "kubelet.kubeconfig", self.server, pki.ca,
+                   client=pki.issue("kubelet", f"system:node:{s.node_name}", org="system:nodes"))
+        pki.issue("kubelet-serving", s.node_name, hosts=("127.0.0.1", s.node_name))
+
+        self.procs.start("etcd", control.etcd(s, tc.kube("etcd"), self.run / "etcd"))
+        etcd_health = f"http://127.0.0.1:{s.port(ports.ETCD)}/health"
+        self.procs.wait_ready("etcd", lambda: _http_ok(etcd_health), 60, "answering /health")
+        self.procs.start("kube-apiserver", control.apiserver(s, tc.kube("kube-apiserver"), self.pki_dir))
+        kubectl = self.kubectl()
+        self.procs.wait_ready("kube-apiserver", lambda: kubectl.run(["get", "--raw", "/readyz"], timeout=5)[0] == 0,
+                              120, "answering /readyz")
+        self.procs.start("kube-controller-manager",
+                         control.controller_manager(s, tc.kube("kube-controller-manager"), self.pki_dir, kcm))
+        config = control.scheduler_config(s, sched, self.conf / "scheduler.yaml")
+        self.procs.start("kube-scheduler", control.scheduler(s, tc.kube("kube-scheduler"), config, sched))
+
+    def _node(self) -> None:
+        s, tc = self.settings, self.toolchain
+        self.procs.start("registry", [sys.executable, "-m", "e2e.registry", "--port", str(s.port(ports.REGISTRY)),
+                                      "--busybox", str(tc.busybox), "--pause", str(tc.pause)], cwd=REPO)
+        registry = f"http://127.0.0.1:{s.port(ports.REGISTRY)}/v2/"
+        self.procs.wait_ready("registry", lambda: _http_ok(registry), 30, "serving /v2/")
+        config = node.containerd_config(s, tc, self.conf / "containerd")
+        self.procs.start("containerd", [str(tc.containerd / "containerd"), "--config", str(config)],
+                         env=node.containerd_env(tc))
+        self.procs.wait_ready("containerd", node.CONTAINERD_SOCKET.exists, 60, "serving its socket")
+        serving = (self.pki_dir / "kubelet-serving.crt", self.pki_dir / "kubelet-serving.key")
+        kubelet_config = node.kubelet_config(s, self.conf, self.pki_dir / "ca.crt", serving)
+        self.kubelet_argv = control.kubelet(tc.kube("kubelet"), s, kubelet_config, self.conf / "kubelet.kubeconfig")
+        self.start_kubelet()
+        kubectl = self.kubectl()
+        self.procs.wait_ready("kubelet", lambda: _node_ready(kubectl, s.node_name), 120, "a Ready node")
+
+    def start_kubelet(self) -> None:
+        self.procs.start("kubelet", self.kubelet_argv, env=node.containerd_env(self.toolchain))
+
+    def _gpushare(self) -> None:
+        s, kubectl = self.settings, self.kubectl()
+        self.docs = gpushare.render(kubectl)
+        gpushare.apply(kubectl, gpushare.for_cluster(self.docs, s.port(ports.WEBHOOK)))
+        kubectl.ok(["apply", "-f", "-"], stdin=gpushare.EXTENDER_RBAC)
+        _run_checked([sys.executable, "-m", "certs.cli", "install", "--namespace", gpushare.NAMESPACE,
+                      "--kubeconfig", str(self.admin_kubeconfig), "--extra-host", "127.0.0.1"],
+                     "gpushare-certs install")
+        self.start_webhook()
+        token_file = self.conf / "extender.token"
+        token_file.write_text(gpushare.token(kubectl, *gpushare.EXTENDER_SA))
+        self.procs.start("extender", [sys.executable, "-m", "e2e.extender", "--port", str(s.port(ports.EXTENDER)),
+                                      "--server", self.server, "--ca", str(self.pki_dir / "ca.crt"),
+                                      "--token-file", str(token_file)], cwd=REPO)
+        self.procs.wait_ready("extender", lambda: _port_open(s.port(ports.EXTENDER)), 30, "listening")
+        plugin_token = gpushare.token(kubectl, *gpushare.PLUGIN_SA, node=s.node_name)
+        kubeconfig(self.conf / "plugin.kubeconfig", self.server, self.pki_dir / "ca.crt", token=plugin_token,
+                   user="gpushare-device-plugin")
+        self.start_plugin()
+        kubectl.ok(["wait", "--for=jsonpath={.metadata.name}=default", "serviceaccount/default", "--timeout=60s"])
+
+    # -- gpushare processes ---------------------------------------------------------------------------
+
+    def webhook_env(self) -> dict[str, str]:
+        files = gpushare.secret_files(self.kubectl(), "gpushare-webhook-tls", self.run / "webhook" / "tls")
+        signing = gpushare.secret_files(self.kubectl(), "gpushare-signing-key", self.run / "webhook" / "signing")
+        overrides = {
+            "GPUSHARE_BIND": f"127.0.0.1:{self.settings.port(ports.WEBHOOK)}",
+            "GPUSHARE_TLS_CERT": str(files["tls.crt"]), "GPUSHARE_TLS_KEY": str(files["tls.key"]),
+            "GPUSHARE_SIGNING_KEY": str(signing["signing.key"]), "GPUSHARE_DELIVERY": self.delivery,
+        }
+        env = gpushare.workload_env(self.docs, "Deployment", overrides)
+        return {**_base_env(), **env}
+
+    def start_webhook(self) -> None:
+        self.procs.start("webhook", [sys.executable, "-m", "gunicorn", "-c", "gunicorn.conf.py"],
+                         env=self.webhook_env(), cwd=REPO)
+        self.procs.wait_ready("webhook", lambda: _port_open(self.settings.port(ports.WEBHOOK)), 30, "listening")
+
+    def stop_webhook(self) -> None:
+        self.procs.stop("webhook")
+
+    def plugin_env(self) -> dict[str, str]:
+        verify = gpushare.secret_files(self.kubectl(), "gpushare-verify-key", self.run / "plugin" / "verify")
+        overrides = {
+            "GPUSHARE_NODE_NAME": self.settings.node_name, "GPUSHARE_FAKE_GPUS": self.settings.fake_gpus,
+            "GPUSHARE_KUBECONFIG": str(self.conf / "plugin.kubeconfig"),
+            "GPUSHARE_VERIFY_KEY": str(verify["signing.pub"]), "GPUSHARE_DELIVERY": self.delivery,
+            "GPUSHARE_FAKE_GPU_DIR": str(node.RUN_ROOT / "fake-gpus"),
+        }
+        env = gpushare.workload_env(self.docs, "DaemonSet", overrides)
+        for name in ("NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES"):
+            env.pop(name, None)
+        return {**_base_env(), **env}
+
+    def start_plugin(self) -> None:
+        self.procs.start("device-plugin", [sys.executable, "-m", "deviceplugin.main"], env=self.plugin_env(), cwd=REPO)
+        kubectl = self.kubectl()
+        self.procs.wait_ready("device-plugin", lambda: _has_capacity(kubectl, self.settings.node_name), 60,
+                              "the node advertising aliyun.com/gpu-mem")
+
+    def use_delivery(self, delivery: str) -> None:
+        """Switch the cluster-wide delivery mode: the ConfigMap, then the webhook and the plugin restarted."""
+        self.delivery = delivery
+        self.kubectl().ok(["patch", "configmap", "gpushare-config", "-n", gpushare.NAMESPACE, "--type=merge",
+                           "-p", f'{{"data":{{"GPUSHARE_DELIVERY":"{delivery}"}}}}'])
+        self.procs.stop("device-plugin")
+        self.procs.stop("webhook")
+        self.start_webhook()
+        self.start_plugin()
+
+    # -- down -----------------------------------------------------------------------------------------
+
+    def down(self) -> None:
+        self.procs.stop_all()
+        down(self.settings)
+
+
+def down(settings: E2eSettings) -> list[str]:
+    """Stop what any run left, kill pod processes and shims, unmount and remove the node's state."""
+    stopped = procs.stop_recorded(settings.run_dir)
+    node.kill_shims()
+    killed = node.kill_pod_processes()
+    node.unmount_all()
+    node.remove_state()
+    notes = [f"stopped {', '.join(stopped)}"] if stopped else []
+    if killed:
+        notes.append(f"killed {killed} container processes")
+    return notes
+
+
+def _process_names() -> list[bytes]:
+    names = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                names.append((entry / "cmdline").read_bytes().split(b"\0")[0])
+            except OSError:
+                continue
+    return names
+
+
+def _base_env() -> dict[str, str]:
+    keep = ("PATH", "HOME", "LANG", "LC_ALL", "VIRTUAL_ENV", "PYTHONPATH")
+    return {k: v for k, v in os.environ.items() if k in keep and not k.startswith("GPUSHARE_")}
+
+
+def _http_ok(url: str) -> bool:
+    with urllib.request.urlopen(url, timeout=2) as response:
+        return bool(response.status == 200)
+
+
+def _port_open(port: int) -> bool:
+    with socket.create_connection(("127.0.0.1", port), timeout=1):
+        return True
+
+
+def _node_ready(kubectl: Kubectl, name: str) -> bool:
+    code, out, _ = kubectl.run(["get", "node", name, "-o",
+                                "jsonpath={.status.conditions[?(@.type=='Ready')].status}"], timeout=10)
+    return code == 0 and out.strip() == "True"
+
+
+def _has_capacity(kubectl: Kubectl, name: str) -> bool:
+    code, out, _ = kubectl.run(["get", "node", name, "-o", "jsonpath={.status.allocatable.aliyun\\.com/gpu-mem}"],
+                               timeout=10)
+    return code == 0 and out.strip() not in ("", "0")
+
+
+def _run_checked(argv: list[str], what: str) -> None:
+    result = subprocess.run(argv, capture_output=True, text=True, cwd=REPO, timeout=120, check=False)
+    if result.returncode != 0:
+        raise procs.StartError(f"{what} failed (exit {result.returncode}): {result.stderr.strip() or result.stdout}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m e2e.cluster", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("action", choices=["up", "down"])
+    args = parser.parse_args(argv)
+    settings = from_environ()
+    if args.action == "down":
+        notes = down(settings)
+        print("Cleaned up: " + ("; ".join(notes) if notes else "nothing was left"))
+        return 0
+    try:
+        cluster = Cluster(settings, ensure(settings))
+        cluster.up()
+    except (ToolchainError, procs.StartError) as exc:
+        print(str(exc), file=sys.stderr)
+        return 1
+    print(f"The cluster is up. kubectl --kubeconfig {cluster.admin_kubeconfig} get nodes\n"
+          f"Logs: {cluster.procs.logs}. Stop it with: python -m e2e.cluster down")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

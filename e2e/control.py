@@ -1,0 +1,93 @@
+"""The control plane's command lines: etcd, kube-apiserver (Node,RBAC + NodeRestriction), controller manager,
+and kube-scheduler with the gpushare extender configured as a real scheduler extender."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from e2e import settings as ports
+from e2e.settings import E2eSettings
+
+SERVICE_RANGE = "198.51.100.0/24"  # TEST-NET-2: never routed, and nothing here sends to it (no kube-proxy)
+RESOURCE = "aliyun.com/gpu-mem"
+
+
+def etcd(settings: E2eSettings, binary: Path, data: Path) -> list[str]:
+    client = f"http://127.0.0.1:{settings.port(ports.ETCD)}"
+    peer = f"http://127.0.0.1:{settings.port(ports.ETCD_PEER)}"
+    return [str(binary), "--name", "gpushare-e2e", "--data-dir", str(data), "--listen-client-urls", client,
+            "--advertise-client-urls", client, "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+            "--initial-cluster", f"gpushare-e2e={peer}", "--log-level", "warn", "--quota-backend-bytes", "2147483648"]
+
+
+def apiserver(settings: E2eSettings, binary: Path, pki: Path) -> list[str]:
+    return [
+        str(binary),
+        f"--etcd-servers=http://127.0.0.1:{settings.port(ports.ETCD)}",
+        "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
+        f"--secure-port={settings.port(ports.API_SERVER)}",
+        f"--tls-cert-file={pki / 'apiserver.crt'}", f"--tls-private-key-file={pki / 'apiserver.key'}",
+        f"--client-ca-file={pki / 'ca.crt'}",
+        "--authorization-mode=Node,RBAC",
+        "--enable-admission-plugins=NodeRestriction",
+        f"--service-account-key-file={pki / 'sa.pub'}",
+        f"--service-account-signing-key-file={pki / 'sa.key'}",
+        "--service-account-issuer=https://kubernetes.default.svc",
+        f"--service-cluster-ip-range={SERVICE_RANGE}",
+        f"--kubelet-client-certificate={pki / 'apiserver-kubelet-client.crt'}",
+        f"--kubelet-client-key={pki / 'apiserver-kubelet-client.key'}",
+        # The kubelet refuses a loopback node IP (kubelet_node_status.go, validateNodeIP), so the node is named
+        # localhost and the API server reaches the kubelet (logs, exec) by that name, on 127.0.0.1.
+        "--kubelet-preferred-address-types=Hostname",
+        "--allow-privileged=true",
+        "--endpoint-reconciler-type=none",
+        "--v=1",
+    ]
+
+
+def controller_manager(settings: E2eSettings, binary: Path, pki: Path, kubeconfig: Path) -> list[str]:
+    return [
+        str(binary), f"--kubeconfig={kubeconfig}", f"--authentication-kubeconfig={kubeconfig}",
+        f"--authorization-kubeconfig={kubeconfig}",
+        f"--service-account-private-key-file={pki / 'sa.key'}", f"--root-ca-file={pki / 'ca.crt'}",
+        "--use-service-account-credentials=true", "--leader-elect=false",
+        "--bind-address=127.0.0.1", f"--secure-port={settings.port(ports.CONTROLLERS)}",
+        # Nothing cloud-like here: no node IPAM, no service load balancers, no persistent volumes.
+        "--controllers=*,-nodeipam,-service-lb-controller,-cloud-node-lifecycle,-persistentvolume-binder",
+        "--node-monitor-grace-period=40s", "--v=1",
+    ]
+
+
+def scheduler_config(settings: E2eSettings, kubeconfig: Path, path: Path) -> Path:
+    """KubeSchedulerConfiguration v1 with the gpushare extender: filter and bind, owning the GPU-share resource."""
+    path.write_text(f"""apiVersion: kubescheduler.config.k8s.io/v1
+kind: KubeSchedulerConfiguration
+clientConnection:
+  kubeconfig: {kubeconfig}
+leaderElection:
+  leaderElect: false
+extenders:
+  - urlPrefix: http://127.0.0.1:{settings.port(ports.EXTENDER)}/gpushare-scheduler
+    filterVerb: filter
+    bindVerb: bind
+    enableHTTPS: false
+    nodeCacheCapable: true
+    httpTimeout: 10s
+    managedResources:
+      - name: {RESOURCE}
+        ignoredByScheduler: false
+    ignorable: false
+""")
+    return path
+
+
+def scheduler(settings: E2eSettings, binary: Path, config: Path, kubeconfig: Path) -> list[str]:
+    return [str(binary), f"--config={config}", f"--authentication-kubeconfig={kubeconfig}",
+            f"--authorization-kubeconfig={kubeconfig}", "--bind-address=127.0.0.1",
+            f"--secure-port={settings.port(ports.SCHEDULER)}", "--v=1"]
+
+
+def kubelet(binary: Path, settings: E2eSettings, config: Path, kubeconfig: Path) -> list[str]:
+    return [str(binary), f"--config={config}", f"--kubeconfig={kubeconfig}",
+            f"--hostname-override={settings.node_name}",
+            "--node-labels=gpushare=true", "--v=1"]

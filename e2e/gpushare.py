@@ -1,0 +1,133 @@
+"""gpushare on the real cluster, from the repository's own manifests.
+
+The webhook configurations, RBAC, ServiceAccounts and ConfigMap come from rendering manifests/self-signed.
+The webhook and the device plugin run as host processes with the settings of the Deployment and DaemonSet
+(their plain `env` values plus the ConfigMap, with paths moved to the run directory). The one swap: each
+webhook's `clientConfig.service` becomes a `url` on 127.0.0.1, since nothing routes Service addresses here;
+the serving certificate therefore also names 127.0.0.1 (`gpushare-certs install --extra-host 127.0.0.1`).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from e2e.kube import Kubectl
+
+REPO = Path(__file__).resolve().parents[1]
+NAMESPACE = "gpushare-system"
+HOST_RUN_KINDS = {"Deployment", "DaemonSet", "PodDisruptionBudget"}
+EXTENDER_SA = ("kube-system", "gpushare-schd-extender")
+PLUGIN_SA = (NAMESPACE, "gpushare-device-plugin")
+
+# The reference extender's own RBAC (its config/gpushare-schd-extender.yaml): read nodes and pods, update
+# pods (the annotations), bind, and record events.
+EXTENDER_RBAC = f"""apiVersion: v1
+kind: ServiceAccount
+metadata:
+  name: {EXTENDER_SA[1]}
+  namespace: {EXTENDER_SA[0]}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata:
+  name: gpushare-schd-extender
+rules:
+  - apiGroups: [""]
+    resources: ["nodes"]
+    verbs: ["get", "list", "watch"]
+  - apiGroups: [""]
+    resources: ["events"]
+    verbs: ["create", "patch"]
+  - apiGroups: [""]
+    resources: ["pods"]
+    verbs: ["get", "list", "watch", "update", "patch"]
+  - apiGroups: [""]
+    resources: ["bindings", "pods/binding"]
+    verbs: ["create"]
+  - apiGroups: [""]
+    resources: ["configmaps"]
+    verbs: ["get", "list", "watch"]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata:
+  name: gpushare-schd-extender
+roleRef:
+  apiGroup: rbac.authorization.k8s.io
+  kind: ClusterRole
+  name: gpushare-schd-extender
+subjects:
+  - kind: ServiceAccount
+    name: {EXTENDER_SA[1]}
+    namespace: {EXTENDER_SA[0]}
+"""
+
+
+def render(kubectl: Kubectl, overlay: str = "self-signed") -> list[dict[str, Any]]:
+    text = kubectl.ok(["kustomize", str(REPO / "manifests" / overlay)])
+    return [doc for doc in yaml.safe_load_all(text) if doc]
+
+
+def for_cluster(docs: list[dict[str, Any]], webhook_port: int) -> list[dict[str, Any]]:
+    """What the tier applies: everything but the workloads it runs on the host, with URL clientConfigs."""
+    out = []
+    for doc in docs:
+        if doc.get("kind") in HOST_RUN_KINDS:
+            continue
+        if doc.get("kind") in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+            for hook in doc.get("webhooks") or []:
+                service = hook["clientConfig"].pop("service")
+                hook["clientConfig"]["url"] = f"https://127.0.0.1:{webhook_port}{service.get('path', '/')}"
+        out.append(doc)
+    return out
+
+
+def workload_env(docs: list[dict[str, Any]], kind: str, overrides: Mapping[str, str]) -> dict[str, str]:
+    """The settings a workload's container gets in the cluster: ConfigMap envFrom, then plain env values."""
+    configmaps = {d["metadata"]["name"]: d.get("data") or {} for d in docs if d.get("kind") == "ConfigMap"}
+    workload = next(d for d in docs if d.get("kind") == kind)
+    container = workload["spec"]["template"]["spec"]["containers"][0]
+    env: dict[str, str] = {}
+    for source in container.get("envFrom") or []:
+        env.update(configmaps.get((source.get("configMapRef") or {}).get("name", ""), {}))
+    for entry in container.get("env") or []:
+        if "value" in entry:
+            env[entry["name"]] = str(entry["value"])
+    env.update(overrides)
+    return env
+
+
+def apply(kubectl: Kubectl, docs: list[dict[str, Any]]) -> None:
+    kubectl.ok(["apply", "-f", "-"], stdin="\n---\n".join(yaml.safe_dump(d) for d in docs))
+
+
+def token(kubectl: Kubectl, namespace: str, name: str, *, node: str | None = None) -> str:
+    """A bound ServiceAccount token from the TokenRequest API (bound to the node when one is named, which
+    puts the node's name in the token's `userInfo.extra`)."""
+    args = ["create", "token", name, "-n", namespace, "--duration=24h"]
+    if node is not None:
+        uid = kubectl.ok(["get", "node", node, "-o", "jsonpath={.metadata.uid}"]).strip()
+        args += ["--bound-object-kind=Node", f"--bound-object-name={node}", f"--bound-object-uid={uid}"]
+    return kubectl.ok(args).strip()
+
+
+def secret_files(kubectl: Kubectl, name: str, directory: Path) -> dict[str, Path]:
+    """Write a Secret's (or ConfigMap's) keys as files, as a volume mount would; returns key -> path."""
+    directory.mkdir(parents=True, exist_ok=True)
+    kind = "secret" if not name.endswith("verify-key") else "configmap"
+    obj = json.loads(kubectl.ok(["get", kind, name, "-n", NAMESPACE, "-o", "json"]))
+    files = {}
+    for key, value in (obj.get("data") or {}).items():
+        path = directory / key
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_bytes(base64.b64decode(value) if kind == "secret" else value.encode())
+        tmp.chmod(0o600)
+        tmp.rename(path)
+        files[key] = path
+    return files

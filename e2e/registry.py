@@ -1,0 +1,121 @@
+"""A small OCI registry on 127.0.0.1 that serves the tier's images, with pulls as slow as a tag asks.
+
+Repositories: `gpushare-e2e/pause` (tag `1`), `gpushare-e2e/busybox` and `gpushare-e2e/cuda-like` (busybox
+whose image env sets NVIDIA_VISIBLE_DEVICES=all, as every nvidia/cuda image does). A busybox tag
+`slow-<ms>-<anything>` is made on first request with a layer unique to the tag, whose download takes <ms>
+milliseconds: every such tag is a fresh pull of several seconds, as in the bug report. Any other tag is
+served at once. Read-only: GET and HEAD of /v2/, manifests and blobs (the OCI distribution pull API).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+from e2e import images
+
+_SLOW = re.compile(r"slow-(\d{1,6})-[A-Za-z0-9._-]{1,64}")
+_PATH = re.compile(r"/v2/(?P<name>[a-z0-9/._-]+)/(?P<kind>manifests|blobs)/(?P<ref>[A-Za-z0-9:._-]+)")
+
+
+class Store:
+    def __init__(self, busybox: Path, pause: Path) -> None:
+        self.base = images.busybox_layer(busybox)
+        self.pause = images.pause_image(pause)
+        self.blobs: dict[str, bytes] = dict(self.pause.blobs)
+        self.delay: dict[str, float] = {}  # blob digest -> seconds its download takes
+        self.manifests: dict[tuple[str, str], bytes] = {("gpushare-e2e/pause", "1"): self.pause.manifest}
+        self._lock = threading.Lock()
+
+    def manifest(self, name: str, ref: str) -> bytes | None:
+        with self._lock:
+            if ref.startswith("sha256:"):
+                return next((m for m in self.manifests.values() if images.digest(m) == ref), None)
+            if (name, ref) not in self.manifests and name in ("gpushare-e2e/busybox", "gpushare-e2e/cuda-like"):
+                env = ["NVIDIA_VISIBLE_DEVICES=all"] if name.endswith("cuda-like") else []
+                made = images.test_image(self.base, f"{name}:{ref}", env=env)
+                self.blobs.update(made.blobs)
+                slow = _SLOW.fullmatch(ref)
+                if slow:
+                    unique = images.tag_layer(f"{name}:{ref}")
+                    self.delay[images.digest(unique.blob)] = int(slow.group(1)) / 1000
+                self.manifests[(name, ref)] = made.manifest
+            return self.manifests.get((name, ref))
+
+
+class Handler(BaseHTTPRequestHandler):
+    server: Registry
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: object) -> None:
+        sys.stderr.write("registry: " + (format % args) + "\n")
+
+    def do_HEAD(self) -> None:
+        self._answer(body=False)
+
+    def do_GET(self) -> None:
+        self._answer(body=True)
+
+    def _answer(self, *, body: bool) -> None:
+        if self.path in ("/v2", "/v2/"):
+            self._send(200, b"{}", "application/json", body=body)
+            return
+        match = _PATH.fullmatch(self.path.split("?")[0])
+        store = self.server.store
+        if match is None:
+            self._send(404, b'{"errors":[{"code":"NAME_UNKNOWN","message":"no such path"}]}', "application/json",
+                       body=body)
+            return
+        if match["kind"] == "manifests":
+            data = store.manifest(match["name"], match["ref"])
+            media = images.MANIFEST
+        else:
+            data = store.blobs.get(match["ref"])
+            media = "application/octet-stream"
+            if data is not None and body:
+                time.sleep(store.delay.get(match["ref"], 0.0))
+        if data is None:
+            self._send(404, b'{"errors":[{"code":"MANIFEST_UNKNOWN","message":"unknown"}]}', "application/json",
+                       body=body)
+            return
+        self._send(200, data, media, body=body, digest=images.digest(data))
+
+    def _send(self, status: int, data: bytes, media: str, *, body: bool, digest: str | None = None) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", media)
+        self.send_header("Content-Length", str(len(data)))
+        self.send_header("Docker-Distribution-API-Version", "registry/2.0")
+        if digest:
+            self.send_header("Docker-Content-Digest", digest)
+        self.end_headers()
+        if body:
+            self.wfile.write(data)
+
+
+class Registry(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, port: int, store: Store) -> None:
+        super().__init__(("127.0.0.1", port), Handler)
+        self.store = store
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m e2e.registry", description=__doc__)
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--busybox", type=Path, required=True)
+    parser.add_argument("--pause", type=Path, required=True)
+    args = parser.parse_args(argv)
+    server = Registry(args.port, Store(args.busybox, args.pause))
+    print(f"registry serving on 127.0.0.1:{args.port}", file=sys.stderr, flush=True)
+    server.serve_forever()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,53 @@
+"""Settings of the real-cluster tier: one frozen dataclass from GPUSHARE_E2E_* variables, read here only."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from webhook.settings import SettingsError
+
+KUBERNETES_VERSION = "v1.34.4"  # the last minor that still runs on cgroup v1 without a flag
+CONTAINERD_VERSION = "v2.1.9"  # CDI (cdi_devices) needs containerd >= 1.7
+
+
+@dataclass(frozen=True)
+class E2eSettings:
+    cache_dir: Path  # built binaries, keyed by version; outside the repository
+    run_dir: Path  # certificates, configurations and logs of the running cluster
+    port_base: int  # every server listens on 127.0.0.1 at port_base + a fixed offset
+    node_name: str = "localhost"  # see control.apiserver: the API server dials the kubelet by this name
+    kubernetes_version: str = KUBERNETES_VERSION
+    containerd_version: str = CONTAINERD_VERSION
+    fake_gpus: str = "4x64GiB"
+
+    def port(self, offset: int) -> int:
+        return self.port_base + offset
+
+
+# Offsets from the port base, one per server.
+(ETCD, ETCD_PEER, API_SERVER, REGISTRY, EXTENDER, WEBHOOK, KUBELET, KUBELET_HEALTHZ, SCHEDULER,
+ CONTROLLERS) = range(1, 11)
+
+
+def from_environ(environ: Mapping[str, str] | None = None) -> E2eSettings:
+    env = os.environ if environ is None else environ
+    cache = env.get("GPUSHARE_E2E_CACHE") or str(Path(env.get("HOME", "/root")) / ".cache" / "gpushare-e2e")
+    run = env.get("GPUSHARE_E2E_RUN") or "/tmp/gpushare-e2e"
+    raw_base = env.get("GPUSHARE_E2E_PORT_BASE", "24000")
+    try:
+        base = int(raw_base)
+    except ValueError:
+        raise SettingsError(f"GPUSHARE_E2E_PORT_BASE={raw_base!r} is not a port number") from None
+    if not 1024 <= base <= 65000:
+        raise SettingsError(f"GPUSHARE_E2E_PORT_BASE={base} must be between 1024 and 65000")
+    return E2eSettings(cache_dir=Path(cache), run_dir=Path(run), port_base=base,
+                       fake_gpus=env.get("GPUSHARE_E2E_FAKE_GPUS", "4x64GiB"))
+
+
+def requested(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether the real-cluster tier was asked for (`./dev e2e` sets GPUSHARE_E2E=1); the unit run skips it."""
+    env = os.environ if environ is None else environ
+    return env.get("GPUSHARE_E2E") == "1"

@@ -1,0 +1,191 @@
+"""Upstream binaries for the real-cluster tier, built once from their Go modules and cached by version.
+
+`python -m e2e.toolchain` builds what is missing and prints where everything is; `check()` names what this
+machine lacks (Go, root, cgroups, a C compiler) so the tier can be skipped with one line that says why.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from e2e.settings import E2eSettings, from_environ
+
+REPO = Path(__file__).resolve().parents[1]
+K8S_MODULE_DIR = REPO / "e2e" / "build" / "k8s"
+CONTAINERD_MODULE_DIR = REPO / "e2e" / "build" / "containerd"
+PAUSE_SOURCE = REPO / "e2e" / "images" / "pause.c"
+
+KUBERNETES_COMMANDS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet")
+CONTAINERD_COMMANDS = ("containerd", "containerd-shim-runc-v2")
+# Debian packages the node needs, and a file each one installs.
+DEBIAN_PACKAGES = {
+    "runc": "/usr/sbin/runc",
+    "containernetworking-plugins": "/usr/lib/cni/loopback",
+    "busybox-static": "/bin/busybox",
+}
+
+
+class ToolchainError(Exception):
+    """A build or install step failed; the text names the step and what to look at."""
+
+
+@dataclass(frozen=True)
+class Toolchain:
+    kubernetes: Path  # directory with etcd and the four Kubernetes commands
+    containerd: Path  # directory with containerd and its runc shim
+    pause: Path  # the static pause binary of the sandbox image
+    runc: Path
+    cni_bin: Path
+    busybox: Path
+
+    def kube(self, command: str) -> Path:
+        return self.kubernetes / command
+
+
+def check() -> list[str]:
+    """What this machine lacks for the tier, one phrase each (empty when it can run)."""
+    missing = []
+    if shutil.which("go") is None:
+        missing.append("the Go toolchain (go) is not on PATH")
+    if os.geteuid() != 0:
+        missing.append("the tier runs a kubelet and containerd, which need root")
+    if not Path("/sys/fs/cgroup/memory").is_dir() and not Path("/sys/fs/cgroup/cgroup.controllers").exists():
+        missing.append("no memory cgroup is mounted under /sys/fs/cgroup")
+    if shutil.which("gcc") is None:
+        missing.append("gcc is needed to build the pause image")
+    if shutil.which("apt-get") is None and any(not Path(p).exists() for p in DEBIAN_PACKAGES.values()):
+        missing.append(f"apt-get is needed to install {', '.join(DEBIAN_PACKAGES)}")
+    return missing
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _run(argv: list[str], what: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> None:
+    started = time.monotonic()
+    result = subprocess.run(
+        argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, check=False
+    )
+    if result.returncode != 0:
+        raise ToolchainError(f"{what} failed (exit {result.returncode}):\n{result.stdout[-4000:]}")
+    _say(f"  {what}: done in {time.monotonic() - started:.0f} s")
+
+
+def _install_debian_packages() -> None:
+    wanted = [name for name, path in DEBIAN_PACKAGES.items() if not Path(path).exists()]
+    if not wanted:
+        return
+    _say(f"Installing Debian packages {', '.join(wanted)} ...")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    _run(["apt-get", "update", "-qq"], "apt-get update", env=env)
+    _run(["apt-get", "install", "-y", "-qq", *wanted], f"apt-get install {' '.join(wanted)}", env=env)
+
+
+def _go_env(settings: E2eSettings) -> dict[str, str]:
+    env = dict(os.environ)
+    env["GOFLAGS"] = "-buildvcs=false"
+    env["CGO_ENABLED"] = "1"
+    return env
+
+
+def _version_ldflags(version: str) -> str:
+    # What hack/lib/version.sh stamps: without it the binaries report v0.0.0 and the API server's
+    # compatibility version (component-base/compatibility) cannot be derived from the binary version.
+    major, minor = version.lstrip("v").split(".")[:2]
+    flags = []
+    for package in ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version"):
+        flags += [
+            f"-X {package}.gitVersion={version}", f"-X {package}.gitMajor={major}",
+            f"-X {package}.gitMinor={minor}", f"-X {package}.gitTreeState=clean",
+            f"-X {package}.buildDate=1970-01-01T00:00:00Z",
+        ]
+    return " ".join(["-s", "-w", *flags])
+
+
+def _build_kubernetes(settings: E2eSettings, target: Path) -> None:
+    commands = ["etcd", *KUBERNETES_COMMANDS]
+    if all((target / c).exists() for c in commands):
+        return
+    _say(f"Building Kubernetes {settings.kubernetes_version} and etcd from their Go modules into {target} "
+         "(once; about 20 minutes on 2 cores) ...")
+    staging = target.with_name(target.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    packages = ["./etcd", *[f"k8s.io/kubernetes/cmd/{c}" for c in KUBERNETES_COMMANDS]]
+    _run(
+        ["go", "build", "-ldflags", _version_ldflags(settings.kubernetes_version), "-o", str(staging), *packages],
+        f"go build of etcd and {', '.join(KUBERNETES_COMMANDS)}", cwd=K8S_MODULE_DIR, env=_go_env(settings),
+    )
+    shutil.rmtree(target, ignore_errors=True)
+    staging.rename(target)
+
+
+def _build_containerd(settings: E2eSettings, target: Path) -> None:
+    if all((target / c).exists() for c in CONTAINERD_COMMANDS):
+        return
+    _say(f"Building containerd {settings.containerd_version} from its Go module into {target} ...")
+    staging = target.with_name(target.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    module = "github.com/containerd/containerd/v2"
+    ldflags = f"-s -w -X {module}/version.Version={settings.containerd_version}"
+    _run(["go", "build", "-ldflags", ldflags, "-o", str(staging), *[f"{module}/cmd/{c}" for c in CONTAINERD_COMMANDS]],
+         f"go build of {', '.join(CONTAINERD_COMMANDS)}", cwd=CONTAINERD_MODULE_DIR, env=_go_env(settings))
+    shutil.rmtree(target, ignore_errors=True)
+    staging.rename(target)
+
+
+def _build_pause(target: Path) -> None:
+    if target.exists():
+        return
+    target.parent.mkdir(parents=True, exist_ok=True)
+    _run(["gcc", "-static", "-O2", "-o", str(target), str(PAUSE_SOURCE)], "gcc of the pause binary")
+
+
+def ensure(settings: E2eSettings) -> Toolchain:
+    """Install and build whatever is missing; every step is skipped when its result is already cached."""
+    missing = check()
+    if missing:
+        raise ToolchainError("the real-cluster tier cannot run here: " + "; ".join(missing))
+    _install_debian_packages()
+    cache = settings.cache_dir
+    kubernetes = cache / f"kubernetes-{settings.kubernetes_version}"
+    containerd = cache / f"containerd-{settings.containerd_version}"
+    pause = cache / "pause" / "pause"
+    _build_kubernetes(settings, kubernetes)
+    _build_containerd(settings, containerd)
+    _build_pause(pause)
+    return Toolchain(
+        kubernetes=kubernetes, containerd=containerd, pause=pause, runc=Path(DEBIAN_PACKAGES["runc"]),
+        cni_bin=Path(DEBIAN_PACKAGES["containernetworking-plugins"]).parent,
+        busybox=Path(DEBIAN_PACKAGES["busybox-static"]),
+    )
+
+
+SKIPPED = 3  # the exit status that tells ./dev e2e the tier cannot run on this machine
+
+
+def main() -> int:
+    missing = check()
+    if missing:
+        _say("real-cluster tier skipped: " + "; ".join(missing))
+        return SKIPPED
+    try:
+        toolchain = ensure(from_environ())
+    except ToolchainError as exc:
+        _say(str(exc))
+        return 1
+    for name, path in vars(toolchain).items():
+        print(f"{name}: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,67 @@
+"""The real-cluster tier's fixtures: one cluster per run, a namespace per test, the delivery mode per test.
+
+Collected only when `./dev e2e` asks for the tier (GPUSHARE_E2E=1); where Go, root or cgroups are missing,
+every test is skipped with one line that names what is missing.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from e2e import toolchain
+from e2e.cluster import TENANT, Cluster
+from e2e.kube import Kubectl
+from e2e.settings import from_environ, requested
+
+if not requested():
+    collect_ignore_glob = ["test_*.py"]
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[Cluster]:
+    missing = toolchain.check()
+    if missing:
+        pytest.skip("real-cluster tier skipped: " + "; ".join(missing))
+    settings = from_environ()
+    built = toolchain.ensure(settings)
+    running = Cluster(settings, built)
+    running.up()
+    try:
+        yield running
+    finally:
+        running.down()
+
+
+@pytest.fixture(scope="session", params=["env", "cdi"])
+def delivery(request: pytest.FixtureRequest, cluster: Cluster) -> str:
+    mode: str = request.param
+    if cluster.delivery != mode:
+        cluster.use_delivery(mode)
+    return mode
+
+
+@pytest.fixture
+def kubectl(cluster: Cluster) -> Kubectl:
+    return cluster.kubectl()
+
+
+@pytest.fixture
+def namespace(cluster: Cluster, kubectl: Kubectl) -> Iterator[str]:
+    """A fresh namespace where the ordinary user may do what a tenant with `edit` may do."""
+    name = "e2e-" + uuid.uuid4().hex[:8]
+    kubectl.ok(["create", "namespace", name])
+    kubectl.ok(["create", "rolebinding", "tenant-edit", "-n", name, "--clusterrole=edit", f"--user={TENANT}"])
+    kubectl.ok(["wait", "-n", name, "--for=jsonpath={.metadata.name}=default", "serviceaccount/default",
+                "--timeout=60s"])
+    yield name
+    kubectl.run(["delete", "namespace", name, "--wait=false"])
+    kubectl.run(["delete", "pods", "--all", "-n", name, "--grace-period=0", "--force"], timeout=60)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # The cluster's start-up and a scenario with pulls of several seconds take minutes, not the unit tier's 120 s.
+    for item in items:
+        item.add_marker(pytest.mark.timeout(900))

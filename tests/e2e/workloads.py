@@ -1,0 +1,170 @@
+"""Pods for the real-cluster tier, and reading back what their containers received.
+
+Every test container runs `e2e.images.REPORT` (one `gpushare-e2e ...` line) and sleeps; `report()` reads it
+with `kubectl logs`. Pods use hostNetwork: the node's CNI gives pods a loopback interface only, and a pod
+sandbox needs an address (see e2e/node.py).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from deviceplugin.inventory import fake_gpus
+from e2e import settings as ports
+from e2e.cluster import Cluster
+from e2e.images import REPORT
+from e2e.kube import Kubectl
+from webhook.protocol import IDX, POD
+
+RESOURCE = "aliyun.com/gpu-mem"
+_LINE = re.compile(r"gpushare-e2e container=(?P<container>\S*) visible=(?P<visible>\S*) idx=(?P<idx>\S*) "
+                   r"slot=(?P<slot>\S*) mount=(?P<mount>.*)")
+
+
+def image(cluster: Cluster, delay_ms: int = 0, repository: str = "busybox") -> str:
+    """A test image tag; with a delay, a fresh tag whose pull takes that long."""
+    registry = f"127.0.0.1:{cluster.settings.port(ports.REGISTRY)}/gpushare-e2e/{repository}"
+    if delay_ms:
+        return f"{registry}:slow-{delay_ms}-{uuid.uuid4().hex[:10]}"
+    return f"{registry}:latest"
+
+
+def container(name: str, img: str, units: int | None = None, *, sidecar: bool = False,
+              then: str = "exec sleep 3600") -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "name": name, "image": img, "imagePullPolicy": "IfNotPresent",
+        "command": ["sh", "-c", f"{REPORT}; {then}"],
+        "env": [{"name": "GPUSHARE_E2E_CONTAINER", "value": name}],
+    }
+    if units is not None:
+        spec["resources"] = {"limits": {RESOURCE: str(units)}}
+    if sidecar:
+        spec["restartPolicy"] = "Always"
+    return spec
+
+
+def pod(name: str, containers: list[dict[str, Any]], init: list[dict[str, Any]] | None = None,
+        labels: Mapping[str, str] | None = None) -> dict[str, Any]:
+    spec: dict[str, Any] = {"hostNetwork": True, "dnsPolicy": "Default", "terminationGracePeriodSeconds": 1,
+                            "containers": containers, "automountServiceAccountToken": False}
+    if init:
+        spec["initContainers"] = init
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": dict(labels or {})},
+            "spec": spec}
+
+
+def replicaset(name: str, replicas: int, template: dict[str, Any]) -> dict[str, Any]:
+    labels = {"app": name}
+    return {"apiVersion": "apps/v1", "kind": "ReplicaSet", "metadata": {"name": name},
+            "spec": {"replicas": replicas, "selector": {"matchLabels": labels},
+                     "template": {"metadata": {"labels": labels}, "spec": template["spec"]}}}
+
+
+def create(kubectl: Kubectl, namespace: str, *objects: dict[str, Any]) -> tuple[int, str]:
+    """`kubectl create -f -`, as users do; returns (exit status, stderr + stdout)."""
+    text = "\n".join(json.dumps(o) for o in objects)
+    code, out, err = kubectl.run(["create", "-n", namespace, "-f", "-"], stdin=text)
+    return code, err + out
+
+
+def pods(kubectl: Kubectl, namespace: str, selector: str | None = None) -> list[dict[str, Any]]:
+    args = ["get", "pods", "-n", namespace]
+    if selector:
+        args += ["-l", selector]
+    items: list[dict[str, Any]] = kubectl.json(args)["items"]
+    return items
+
+
+def wait(what: str, check: Callable[[], bool], timeout: float, interval: float = 1.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+
+
+def phase(p: Mapping[str, Any]) -> str:
+    return str((p.get("status") or {}).get("phase", ""))
+
+
+def running(p: Mapping[str, Any]) -> bool:
+    statuses = (p.get("status") or {}).get("containerStatuses") or []
+    return bool(statuses) and all("running" in (s.get("state") or {}) for s in statuses)
+
+
+def settled(p: Mapping[str, Any]) -> bool:
+    """Running, or finished for good (Failed, e.g. UnexpectedAdmissionError)."""
+    return running(p) or phase(p) in ("Failed", "Succeeded")
+
+
+def reason(p: Mapping[str, Any]) -> str:
+    status = p.get("status") or {}
+    if status.get("reason"):
+        return f"{status['reason']}: {status.get('message', '')}"
+    for s in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
+        waiting = (s.get("state") or {}).get("waiting")
+        if waiting:
+            return f"{s.get('name')}: {waiting.get('reason')}: {waiting.get('message', '')}"
+    return phase(p)
+
+
+@dataclass(frozen=True)
+class Report:
+    container: str
+    visible: str
+    idx: str
+    slot: str
+    mount: str
+
+
+def report(kubectl: Kubectl, namespace: str, name: str, container_name: str) -> Report | None:
+    code, out, _ = kubectl.run(["logs", "-n", namespace, name, "-c", container_name], timeout=20)
+    match = next((m for m in map(_LINE.match, out.splitlines()) if m), None) if code == 0 else None
+    if match is None:
+        return None
+    return Report(match["container"], match["visible"], match["idx"], match["slot"], match["mount"].strip())
+
+
+def gpu_of(rep: Report, delivery: str, node: str, fake: str) -> int | None:
+    """The GPU index a container really received: in env mode the index in NVIDIA_VISIBLE_DEVICES; in cdi mode
+    the UUID the CDI spec set, which must agree with the file the spec mounted (else None: made up)."""
+    gpus = fake_gpus(fake, node, "GiB")
+    if delivery == "env":
+        return int(rep.visible) if rep.visible.isdigit() and int(rep.visible) < len(gpus) else None
+    by_uuid = {g.uuid: g.index for g in gpus}
+    index = by_uuid.get(rep.visible)
+    if index is None or rep.visible not in rep.mount:
+        return None
+    return index
+
+
+def annotations_of(p: Mapping[str, Any]) -> dict[str, str]:
+    return dict((p.get("metadata") or {}).get("annotations") or {})
+
+
+def assigned_index(p: Mapping[str, Any]) -> int | None:
+    value = annotations_of(p).get(IDX, "")
+    return int(value) if value.isdigit() else None
+
+
+def promised(live: Iterable[Mapping[str, Any]]) -> dict[int, int]:
+    """Units promised per GPU by the given pods' annotations."""
+    used: dict[int, int] = {}
+    for p in live:
+        index, total = assigned_index(p), annotations_of(p).get(POD, "0")
+        if index is not None and total.isdigit():
+            used[index] = used.get(index, 0) + int(total)
+    return used
+
+
+def events(kubectl: Kubectl, namespace: str, name: str) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = kubectl.json(
+        ["get", "events", "-n", namespace, "--field-selector", f"involvedObject.name={name}"])["items"]
+    return items

@@ -1,4 +1,4 @@
-"""CDI spec files on the node's filesystem: atomic writes (temp file + rename), listing and removal."""
+"""CDI spec files (and fake GPUs' name files) on the node's filesystem: atomic writes, listing and removal."""
 
 from __future__ import annotations
 
@@ -29,21 +29,7 @@ class CdiStore:
     def write(self, slot: str, spec: Mapping[str, Any]) -> str:
         """Write the spec so that a reader sees either the old file or the whole new one: containerd and
         CRI-O refresh the CDI registry right before they inject the device at container creation."""
-        os.makedirs(self.directory, exist_ok=True)
-        path = self.path_for(slot)
-        fd, temp = tempfile.mkstemp(dir=self.directory, prefix=".gpushare-", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w") as out:
-                json.dump(spec, out, indent=2, sort_keys=True)
-                out.flush()
-                os.fsync(out.fileno())
-            os.chmod(temp, 0o644)
-            os.replace(temp, path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(temp)
-            raise
-        return path
+        return write_atomically(self.path_for(slot), json.dumps(spec, indent=2, sort_keys=True))
 
     def read(self, slot: str) -> dict[str, Any] | None:
         try:
@@ -71,6 +57,25 @@ class CdiStore:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path_for(slot))
             log.info("removed the CDI spec of slot %s, whose devices the kubelet no longer assigns", slot)
+
+
+def write_atomically(path: str, text: str) -> str:
+    """Write a world-readable file by temp file and rename, so a reader never sees half of it."""
+    directory = os.path.dirname(path)
+    os.makedirs(directory, exist_ok=True)
+    fd, temp = tempfile.mkstemp(dir=directory, prefix=".gpushare-", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as out:
+            out.write(text)
+            out.flush()
+            os.fsync(out.fileno())
+        os.chmod(temp, 0o644)
+        os.replace(temp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temp)
+        raise
+    return path
 
 
 def present(paths: Sequence[str]) -> list[str]:

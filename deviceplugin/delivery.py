@@ -15,6 +15,8 @@ CDI_VERSION = "0.6.0"
 CDI_KIND = "gpushare.io/gpu"
 # Control devices a CUDA process needs beside its GPU, added to the CDI spec where the node has them.
 CONTROL_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
+# A fake GPU has no device node; its CDI spec bind-mounts a small file naming it here instead.
+FAKE_GPU_MOUNT = "/run/gpushare/gpu"
 
 
 @dataclass(frozen=True)
@@ -55,11 +57,23 @@ def cdi_env(gpu: Gpu, container_units: int, pod_units: int) -> list[str]:
     ]
 
 
-def cdi_spec(slot: str, gpu: Gpu, nodes: Sequence[str], container_units: int, pod_units: int) -> dict[str, Any]:
-    """The CDI spec that gives the container of this slot its GPU."""
+def fake_gpu_file(gpu: Gpu) -> tuple[str, str]:
+    """The file name and text of the host file that names a fake GPU (index and UUID)."""
+    return f"{gpu.uuid}.txt", f"index={gpu.index}\nuuid={gpu.uuid}\n"
+
+
+def cdi_spec(
+    slot: str, gpu: Gpu, nodes: Sequence[str], container_units: int, pod_units: int, *, gpu_file: str = ""
+) -> dict[str, Any]:
+    """The CDI spec that gives the container of this slot its GPU: a real GPU's device nodes, or for a fake GPU a
+    read-only bind mount of `gpu_file` (CDI 0.6.0 mounts: hostPath, containerPath, options)."""
     edits: dict[str, Any] = {"env": cdi_env(gpu, container_units, pod_units)}
     if nodes:
         edits["deviceNodes"] = [{"path": path} for path in nodes]
+    if gpu_file:
+        edits["mounts"] = [
+            {"hostPath": gpu_file, "containerPath": FAKE_GPU_MOUNT, "options": ["ro", "nosuid", "nodev", "bind"]}
+        ]
     return {
         "cdiVersion": CDI_VERSION,
         "kind": CDI_KIND,

@@ -31,8 +31,9 @@ from deviceplugin.apiserver import ApiServer, ApiServerError, KubeApiServer
 from deviceplugin.cdi import CdiStore
 from deviceplugin.inventory import Inventory, InventoryError, XidWatcher, load_inventory
 from deviceplugin.kubelet import KubeletHoldings, RestartWatch, register
+from deviceplugin.owners import Holdings
 from deviceplugin.server import OPTIONS, DevicePluginServicer, serve
-from deviceplugin.service import Holdings, Service
+from deviceplugin.service import Service
 from deviceplugin.settings import PluginSettings
 from webhook.settings import SettingsError
 from webhook.signing import SigningKeyError, load_public_key

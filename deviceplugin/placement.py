@@ -1,4 +1,4 @@
-"""What this node's GPUs already carry by the pods' annotations, and best-fit placement (pure)."""
+"""What this node's GPUs already carry by the pods' annotations, best-fit placement, preferred device IDs (pure)."""
 
 from __future__ import annotations
 
@@ -70,3 +70,13 @@ def best_fit(gpus: Sequence[Gpu], used: Mapping[int, int], need: int, healthy: C
 
 def placement_annotations(gpu: Gpu, intent: Intent, now_ns: int) -> dict[str, str]:
     return Assignment(gpu.index, gpu.memory_units, intent.total, now_ns, False).annotations()
+
+
+def preferred_devices(
+    available: Sequence[str], must_include: Sequence[str], size: int, handed: Mapping[str, int]
+) -> list[str]:
+    """The required IDs, then the IDs handed out least recently (never handed out first, in name order, so one
+    GPU's units before the next); `handed` maps an ID to when it was last handed out (a counter)."""
+    chosen = list(dict.fromkeys(must_include))
+    rest = sorted(set(available) - set(chosen), key=lambda device: (handed.get(device, 0), device))
+    return chosen + rest[: max(0, size - len(chosen))]

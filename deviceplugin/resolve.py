@@ -80,8 +80,9 @@ def find_owner(holdings: Sequence[Holding], device_ids: Sequence[str]) -> Owner:
     pods = sorted({(h.namespace, h.pod, h.pod_uid) for h in matches})
     if not pods:
         raise Refusal(
-            f"no pod on this node holds exactly the devices {_short(device_ids)} in the kubelet's pod resources; "
-            "the container is not started; if this repeats, restart the pod so the kubelet allocates it again",
+            f"no pod on this node holds exactly the devices {_short(device_ids)} in the kubelet's pod resources or "
+            "its device checkpoint; the container is not started; if this repeats, restart the pod so the kubelet "
+            "allocates it again",
             reason="GpuShareUnknownDevices",
         )
     if len(pods) > 1:
@@ -95,8 +96,21 @@ def find_owner(holdings: Sequence[Holding], device_ids: Sequence[str]) -> Owner:
     return Owner(namespace, name, uid, containers)
 
 
+def other_holders(holdings: Sequence[Holding], device_ids: Sequence[str], owner: Owner) -> list[str]:
+    """Pods other than the owner that hold any of these IDs: then the owner's checkpoint entry is out of date."""
+    wanted = set(device_ids)
+    out = set()
+    for h in holdings:
+        same = (h.namespace, h.pod) == (owner.namespace, owner.name) if h.pod else h.pod_uid == owner.pod_uid
+        if not same and wanted.intersection(h.device_ids):
+            out.add(f"{h.namespace}/{h.pod}" if h.pod else f"the pod with UID {h.pod_uid}")
+    return sorted(out)
+
+
 def holdings_from_checkpoint(text: str, resource: str) -> list[Holding]:
-    """Holdings from the kubelet's device-manager checkpoint (pod UIDs only, no names)."""
+    """Holdings from the kubelet's device-manager checkpoint (pod UIDs only, no names): every container, init
+    containers included. v1.34 writes `DeviceIDs` as a map of NUMA node ("-1": none) to IDs, older kubelets a
+    list (pkg/kubelet/cm/devicemanager/checkpoint/checkpoint.go, PodDevicesEntry)."""
     try:
         doc = json.loads(text)
         entries = doc["Data"]["PodDeviceEntries"] or []

@@ -15,7 +15,8 @@ import grpc
 from deviceplugin.api import deviceplugin_pb2 as pb
 from deviceplugin.api import deviceplugin_pb2_grpc
 from deviceplugin.inventory import Inventory
-from deviceplugin.service import PluginError, Service
+from deviceplugin.owners import PluginError
+from deviceplugin.service import Service
 
 log = logging.getLogger(__name__)
 
@@ -72,13 +73,13 @@ class DevicePluginServicer(deviceplugin_pb2_grpc.DevicePluginServicer):
     def GetPreferredAllocation(
         self, request: pb.PreferredAllocationRequest, context: grpc.ServicerContext
     ) -> pb.PreferredAllocationResponse:
-        # Any units will do (annotations decide the GPU); prefer one GPU's units, in a stable order.
-        answers = []
-        for wanted in request.container_requests:
-            chosen = list(dict.fromkeys(wanted.must_include_deviceIDs))
-            rest = sorted(set(wanted.available_deviceIDs) - set(chosen))
-            chosen += rest[: max(0, wanted.allocation_size - len(chosen))]
-            answers.append(pb.ContainerPreferredAllocationResponse(deviceIDs=chosen))
+        # Any units will do (annotations decide the GPU); the least recently handed out, so slots rarely repeat.
+        answers = [
+            pb.ContainerPreferredAllocationResponse(deviceIDs=self.service.preferred(
+                list(wanted.available_deviceIDs), list(wanted.must_include_deviceIDs), wanted.allocation_size
+            ))
+            for wanted in request.container_requests
+        ]
         return pb.PreferredAllocationResponse(container_responses=answers)
 
     def Allocate(self, request: pb.AllocateRequest, context: grpc.ServicerContext) -> pb.AllocateResponse:

@@ -2,29 +2,30 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from deviceplugin import delivery
 from deviceplugin.apiserver import ApiServer, ApiServerError, Conflict
-from deviceplugin.cdi import CdiStore, present
+from deviceplugin.cdi import CdiStore, present, write_atomically
 from deviceplugin.inventory import Inventory
 from deviceplugin.kubelet import KubeletUnavailable
-from deviceplugin.placement import best_fit, placement_annotations, usage_by_gpu
+from deviceplugin.owners import Holdings, Owners, PluginError
+from deviceplugin.placement import best_fit, placement_annotations, preferred_devices, usage_by_gpu
 from deviceplugin.resolve import (
     Accepted,
     Context,
-    Holding,
     NeedsPlacement,
     Owner,
     Refusal,
     allocation_candidates,
-    find_owner,
     slot_of,
     validate,
 )
@@ -34,19 +35,6 @@ from webhook.protocol import IDX, Intent, pod_ref
 log = logging.getLogger(__name__)
 
 _PATCH_ATTEMPTS = 5
-
-
-class PluginError(Exception):
-    """An answer the kubelet receives as a gRPC error: `code` is a grpc.StatusCode name."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-
-class Holdings(Protocol):
-    def holdings(self) -> list[Holding]: ...
 
 
 class Service:
@@ -59,18 +47,27 @@ class Service:
         self.inventory = inventory
         self.api = api
         self.kubelet = kubelet
+        self.owners = Owners(kubelet, api, settings.node_name)
         self.cdi = cdi or CdiStore(settings.cdi_dir)
         self.clock = clock
         self.context = Context(
             contract=settings.contract, node_name=settings.node_name, public_key=public_key,
             gpus={g.index: g for g in inventory.gpus}, healthy=inventory.healthy, placement=settings.placement,
         )
-        self._answered: dict[str, float] = {}
+        self._answered: dict[str, float] = {}  # slot -> when Allocate last answered it; GC keeps its spec meanwhile
+        self._handed: dict[str, int] = {}  # device ID -> the Allocate that last handed it out (a counter)
+        self._allocations = itertools.count(1)
         self._lock = threading.Lock()
         self._place_lock = threading.Lock()
         self._in_flight: dict[str, tuple[int, int]] = {}  # pod uid -> (GPU index, units) placed here
 
     # -- Allocate ----------------------------------------------------------------------------------------
+
+    def preferred(self, available: Sequence[str], must_include: Sequence[str], size: int) -> list[str]:
+        """GetPreferredAllocation: the kubelet takes this answer for its next Allocate (manager.go,
+        devicesToAllocate), so prefer the IDs handed out least recently and one pod's slot rarely goes to the next."""
+        with self._lock:
+            return preferred_devices(available, must_include, size, self._handed)
 
     def allocate(self, requests: Sequence[Sequence[str]]) -> list[delivery.ContainerDelivery]:
         """One answer per container request, keyed by the slot of its device IDs; no pod is guessed."""
@@ -78,15 +75,30 @@ class Service:
         for device_ids in requests:
             self._check_known(device_ids, "Allocate")
             slot = slot_of(device_ids)
-            with self._lock:
-                seen = slot in self._answered
-            if not seen:
-                self._check_candidates(len(device_ids), slot)
+            # Checked every time: the same IDs (the same slot) may come back for another pod once the first is gone,
+            # so a slot answered before proves nothing about the pod being admitted now.
+            self._check_candidates(len(device_ids), slot)
             with self._lock:
                 self._answered[slot] = self.clock()
+                handed = next(self._allocations)
+                self._handed.update(dict.fromkeys(device_ids, handed))
+            if self.contract.delivery == "cdi":
+                self._forget_spec(slot)
             answers.append(delivery.allocate_delivery(slot, self.contract.delivery))
             log.info("Allocate: %d device(s) answered with slot %s", len(device_ids), slot)
         return answers
+
+    def _forget_spec(self, slot: str) -> None:
+        """A spec left by an earlier holder of these IDs must never reach this container: PreStartContainer, which
+        the kubelet calls before every start, writes the spec for the pod that holds the slot now."""
+        try:
+            self.cdi.remove(slot)
+        except OSError as exc:
+            raise PluginError(
+                "UNAVAILABLE",
+                f"the old CDI spec of slot {slot} could not be removed from {self.cdi.directory} ({exc}); mount the "
+                "node's CDI directory read-write into the plugin (GPUSHARE_CDI_DIR)",
+            ) from exc
 
     def _check_known(self, device_ids: Sequence[str], call: str) -> None:
         if not device_ids:
@@ -131,7 +143,7 @@ class Service:
     def prestart(self, device_ids: Sequence[str]) -> Accepted:
         """Resolve the exact pod holding these devices, validate it, deliver its GPU and record it."""
         self._check_known(device_ids, "PreStartContainer")
-        owner = self._owner(device_ids)
+        owner = self.owners.owner(device_ids)
         for _ in range(_PATCH_ATTEMPTS):
             pod = self._get(owner)
             try:
@@ -172,42 +184,6 @@ class Service:
         # The watch cache may still list pods that are gone: judge the room on a fresh list before refusing.
         return validate(pod, owner.containers, device_ids, self.context, self.api.list_node_pods())
 
-    def _holdings(self) -> list[Holding]:
-        try:
-            return self.kubelet.holdings()
-        except KubeletUnavailable as exc:
-            raise PluginError(
-                "UNAVAILABLE",
-                f"the gpushare device plugin cannot tell which pod holds these devices ({exc}); mount "
-                "/var/lib/kubelet/pod-resources into the plugin (Kubernetes 1.20 or newer) and check "
-                "GPUSHARE_POD_RESOURCES_SOCKET",
-            ) from exc
-
-    def _owner(self, device_ids: Sequence[str]) -> Owner:
-        try:
-            owner = find_owner(self._holdings(), device_ids)
-        except Refusal as refusal:
-            log.warning("PreStartContainer refused: %s", refusal.message)
-            raise PluginError("FAILED_PRECONDITION", refusal.message) from refusal
-        if owner.name:
-            return owner
-        # The checkpoint knows pod UIDs only: find the pod's name among this node's pods.
-        try:
-            pods = self.api.node_pods()
-            match = [p for p in pods if (p.get("metadata") or {}).get("uid") == owner.pod_uid]
-            if not match:
-                match = [p for p in self.api.list_node_pods() if p["metadata"].get("uid") == owner.pod_uid]
-        except ApiServerError as exc:
-            raise PluginError("UNAVAILABLE", f"could not list node {self.settings.node_name}'s pods ({exc})") from exc
-        if not match:
-            raise PluginError(
-                "FAILED_PRECONDITION",
-                f"the pod with UID {owner.pod_uid} that holds these devices is not on node "
-                f"{self.settings.node_name} any more; the container is not started",
-            )
-        meta = match[0]["metadata"]
-        return Owner(str(meta.get("namespace")), str(meta.get("name")), owner.pod_uid, owner.containers)
-
     def _get(self, owner: Owner) -> dict[str, Any]:
         try:
             pod = self.api.get_pod(owner.namespace, owner.name)
@@ -222,15 +198,7 @@ class Service:
 
     def _deliver(self, pod: Mapping[str, Any], owner: Owner, accepted: Accepted, units: int) -> None:
         if self.contract.delivery == "cdi":
-            nodes = delivery.device_nodes(accepted.gpu, present(delivery.CONTROL_DEVICES))
-            spec = delivery.cdi_spec(accepted.slot, accepted.gpu, nodes, units, accepted.intent.total)
-            try:
-                self.cdi.write(accepted.slot, spec)
-            except OSError as exc:
-                raise Refusal(
-                    f"the CDI spec for pod {accepted.ref} could not be written in {self.cdi.directory} ({exc}); "
-                    "mount the node's CDI directory into the plugin (GPUSHARE_CDI_DIR)", reason="GpuShareCdiFailed",
-                ) from exc
+            self._write_spec(accepted, units)
             return
         for name in owner.containers:
             container = delivery.find_container(pod, name) or {}
@@ -241,6 +209,27 @@ class Service:
                     f"({'; '.join(problems)}), so it would not see its GPU; run the webhook with "
                     "GPUSHARE_DELIVERY=env like the plugins and recreate the pod", reason="GpuShareNoEnv",
                 )
+
+    def _write_spec(self, accepted: Accepted, units: int) -> None:
+        gpu = accepted.gpu
+        gpu_file = ""
+        if gpu.minor is None:  # a fake GPU has no device node: a file naming it shows containers what they got
+            name, text = delivery.fake_gpu_file(gpu)
+            gpu_file = self._write_file(accepted, self.settings.fake_gpu_dir, "GPUSHARE_FAKE_GPU_DIR",
+                                        lambda: write_atomically(os.path.join(self.settings.fake_gpu_dir, name), text))
+        nodes = delivery.device_nodes(gpu, present(delivery.CONTROL_DEVICES))
+        spec = delivery.cdi_spec(accepted.slot, gpu, nodes, units, accepted.intent.total, gpu_file=gpu_file)
+        self._write_file(accepted, self.cdi.directory, "GPUSHARE_CDI_DIR", lambda: self.cdi.write(accepted.slot, spec))
+
+    @staticmethod
+    def _write_file(accepted: Accepted, directory: str, setting: str, write: Callable[[], str]) -> str:
+        try:
+            return write()
+        except OSError as exc:
+            raise Refusal(
+                f"the CDI spec for pod {accepted.ref} could not be written in {directory} ({exc}); mount that node "
+                f"directory read-write into the plugin ({setting})", reason="GpuShareCdiFailed",
+            ) from exc
 
     def _record(self, pod: Mapping[str, Any], accepted: Accepted) -> None:
         meta = pod["metadata"]
@@ -288,20 +277,24 @@ class Service:
     # -- garbage collection ----------------------------------------------------------------------------
 
     def collect_garbage(self) -> list[str]:
-        """Forget slots and remove CDI specs whose devices the kubelet no longer assigns to any container."""
+        """Forget slots and remove CDI specs whose devices the kubelet no longer assigns to any container: neither
+        PodResources (app and sidecar containers) nor the checkpoint (init containers too) lists them, and no
+        Allocate answered them within the grace period."""
         try:
-            live = {slot_of(h.device_ids) for h in self.kubelet.holdings()}
+            held = [*self.kubelet.holdings(), *self.kubelet.from_checkpoint()]
         except KubeletUnavailable as exc:
             log.info("garbage collection skipped: %s", exc)
             return []
+        live = {slot_of(h.device_ids) for h in held}
         now, grace = self.clock(), self.settings.gc_grace_seconds
-        removed = []
-        for slot, mtime in self.cdi.slots().items():
-            if slot not in live and now - mtime > grace:
-                self.cdi.remove(slot)
-                removed.append(slot)
         with self._lock:
             for slot, when in list(self._answered.items()):
                 if slot not in live and now - when > grace:
                     del self._answered[slot]
+            keep = live | set(self._answered)
+        removed = []
+        for slot, mtime in self.cdi.slots().items():
+            if slot not in keep and now - mtime > grace:
+                self.cdi.remove(slot)
+                removed.append(slot)
         return removed

@@ -27,13 +27,15 @@ class PluginSettings:
     pod_resources_socket: str
     kubelet_checkpoint: str
     cdi_dir: str
+    fake_gpu_dir: str
     max_devices: int
     kubeconfig: str
     rpc_timeout_seconds: float
     placement: str
     log_level: str
-    # Not read from the environment: how often the kubelet socket and the pod resources are polled.
-    watch_interval_seconds: float = 1.0
+    # Not read from the environment: the safety-net poll of the device-plugin directory (it is watched with
+    # inotify), and how often and after what grace period unused CDI specs are collected.
+    watch_interval_seconds: float = 5.0
     gc_interval_seconds: float = 60.0
     gc_grace_seconds: float = 120.0
 
@@ -98,6 +100,7 @@ def settings_from(env: Mapping[str, str]) -> PluginSettings:
             env, "GPUSHARE_KUBELET_CHECKPOINT", os.path.join(plugin_dir, "kubelet_internal_checkpoint")
         ),
         cdi_dir=env_value(env, "GPUSHARE_CDI_DIR", "/var/run/cdi"),
+        fake_gpu_dir=env_value(env, "GPUSHARE_FAKE_GPU_DIR", "/var/run/gpushare/fake-gpus"),
         max_devices=env_parsed(env, "GPUSHARE_MAX_DEVICES", DEFAULT_MAX_DEVICES, positive_int, "a positive integer"),
         kubeconfig=env_value(env, "GPUSHARE_KUBECONFIG", ""),
         rpc_timeout_seconds=env_parsed(

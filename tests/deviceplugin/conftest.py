@@ -1,12 +1,15 @@
-"""Fixtures for the device plugin tests: keys, contract, a fake inventory and an in-memory API server."""
+"""Fixtures for the device plugin tests: keys, contract, a fake inventory, an in-memory API server, a rig."""
 
 from __future__ import annotations
+
+from collections.abc import Iterator
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from deviceplugin.inventory import Inventory, fake_gpus
 from tests.deviceplugin.fakes import NODE, FakeApiServer
+from tests.deviceplugin.rig import Rig, make_rig
 from webhook.protocol import Contract
 
 
@@ -29,3 +32,10 @@ def inventory() -> Inventory:
 @pytest.fixture
 def api() -> FakeApiServer:
     return FakeApiServer()
+
+
+@pytest.fixture
+def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
+    """The plugin wired to the test kubelet, env delivery; a short directory, since unix socket paths are limited
+    to about 107 bytes."""
+    yield from make_rig(tmp_path_factory.mktemp("k"))

@@ -7,7 +7,7 @@ import itertools
 import threading
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import jsonpatch
@@ -29,6 +29,7 @@ def plugin_settings(tmp: str, **env: str) -> PluginSettings:
         "GPUSHARE_DEVICE_PLUGIN_DIR": f"{tmp}/dp",
         "GPUSHARE_POD_RESOURCES_SOCKET": f"{tmp}/pr.sock",
         "GPUSHARE_CDI_DIR": f"{tmp}/cdi",
+        "GPUSHARE_FAKE_GPU_DIR": f"{tmp}/fake-gpus",
         "GPUSHARE_RPC_TIMEOUT_SECONDS": "5",
     }
     base.update(env)
@@ -36,11 +37,16 @@ def plugin_settings(tmp: str, **env: str) -> PluginSettings:
 
 
 def spec_pod(
-    name: str, containers: Mapping[str, int], init: Mapping[str, int] | None = None, namespace: str = "team"
+    name: str, containers: Mapping[str, int], init: Mapping[str, int] | None = None, namespace: str = "team",
+    sidecars: tuple[str, ...] = (),
 ) -> dict[str, Any]:
+    """A pod spec; `sidecars` names the init containers that are restartable (restartPolicy: Always)."""
     def container(cname: str, units: int) -> dict[str, Any]:
         limits = {"aliyun.com/gpu-mem": str(units)} if units else {}
-        return {"name": cname, "image": "cuda", "resources": {"limits": limits}}
+        out: dict[str, Any] = {"name": cname, "image": "cuda", "resources": {"limits": limits}}
+        if cname in sidecars:
+            out["restartPolicy"] = "Always"
+        return out
 
     spec: dict[str, Any] = {"containers": [container(c, u) for c, u in containers.items()]}
     if init:
@@ -163,6 +169,10 @@ class FakeHoldings:
     """Kubelet holdings set directly by a test (the socket-level tests use the real PodResources client)."""
 
     entries: list[Holding]
+    recorded: list[Holding] = field(default_factory=list)
 
     def holdings(self) -> list[Holding]:
         return list(self.entries)
+
+    def from_checkpoint(self) -> list[Holding]:
+        return list(self.recorded)

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import json
 import os
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import grpc
@@ -39,15 +40,19 @@ class Admitted:
 class _State:
     registrations: list[Registered] = field(default_factory=list)
     assignments: dict[tuple[str, str, str], list[str]] = field(default_factory=dict)
+    kinds: dict[tuple[str, str, str], str] = field(default_factory=dict)  # "init", "sidecar" or "app"
     devices: dict[str, str] = field(default_factory=dict)  # device ID -> health, from ListAndWatch
     lists_seen: int = 0
+    preferred_calls: int = 0
 
 
 class TestKubelet:
     __test__ = False  # not a pytest class
 
-    def __init__(self, plugin_dir: str, pod_resources_socket: str) -> None:
+    def __init__(self, plugin_dir: str, pod_resources_socket: str,
+                 uid_of: Callable[[str, str], str] = lambda namespace, pod: f"uid-{namespace}-{pod}") -> None:
         self.plugin_dir = plugin_dir
+        self.uid_of = uid_of  # the pod UID the checkpoint records
         self.pod_resources_socket = pod_resources_socket
         self.state = _State()
         self.changed = threading.Condition()
@@ -143,29 +148,46 @@ class TestKubelet:
 
     def admit(
         self, namespace: str, pod: str, containers: Sequence[tuple[str, int]], init: Sequence[tuple[str, int]] = (),
-        pick: Sequence[str] | None = None,
+        pick: Sequence[str] | None = None, sidecars: Sequence[str] = (),
     ) -> list[Admitted]:
-        """Allocate like the kubelet: init containers first, one call per container; app containers reuse the
-        init containers' devices first; the assignment is recorded after Allocate returns."""
+        """Allocate like the kubelet (manager.go, Allocate and devicesToAllocate): init containers first, one call
+        per container; a container takes the devices of the pod's finished regular init containers first, then
+        what GetPreferredAllocation answers (or `pick`); the assignment is recorded, and the checkpoint written,
+        after Allocate returns. `sidecars` names the restartable init containers."""
         self.plugin()
         self.wait_lists(1)
         out = []
-        reusable: list[str] = []
-        free = list(pick) if pick is not None else self.free_devices()
+        reusable: set[str] = set()
         for kind, entries in (("init", init), ("app", containers)):
             for name, units in entries:
-                if kind == "app":
-                    ids = reusable[:units] + [d for d in free if d not in reusable][: max(0, units - len(reusable))]
-                else:
-                    ids = free[:units]
-                    reusable = ids if len(ids) > len(reusable) else reusable
-                free = [d for d in free if d not in ids]
+                ids = sorted(reusable)[:units]
+                if len(ids) < units:
+                    ids += self._choose(units, ids, pick)
                 request = pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=ids)])
                 answer = self.plugin().Allocate(request, timeout=20)
+                role = "sidecar" if name in sidecars else kind
+                if role == "init":
+                    reusable.update(ids)
+                else:
+                    reusable.difference_update(ids)
                 with self.changed:
                     self.state.assignments[(namespace, pod, name)] = list(ids)
+                    self.state.kinds[(namespace, pod, name)] = role
+                self.write_checkpoint()
                 out.append(Admitted(namespace, pod, name, list(ids), answer.container_responses[0]))
         return out
+
+    def _choose(self, units: int, allocated: list[str], pick: Sequence[str] | None) -> list[str]:
+        used = {d for ids in self.state.assignments.values() for d in ids} | set(allocated)
+        if pick is not None:
+            return [d for d in pick if d not in used][: units - len(allocated)]
+        available = [d for d in self.free_devices() if d not in used]
+        request = pb.PreferredAllocationRequest(container_requests=[pb.ContainerPreferredAllocationRequest(
+            available_deviceIDs=available + allocated, must_include_deviceIDs=allocated, allocation_size=units)])
+        answer = self.plugin().GetPreferredAllocation(request, timeout=20)
+        self.state.preferred_calls += 1
+        preferred = [d for d in answer.container_responses[0].deviceIDs if d in available]
+        return (preferred + [d for d in available if d not in preferred])[: units - len(allocated)]
 
     def start_container(self, namespace: str, pod: str, container: str) -> None:
         ids = self.state.assignments[(namespace, pod, container)]
@@ -176,12 +198,34 @@ class TestKubelet:
         with self.changed:
             for key in [k for k in self.state.assignments if k[:2] == (namespace, pod)]:
                 del self.state.assignments[key]
+                self.state.kinds.pop(key, None)
+        self.write_checkpoint()
+
+    @property
+    def checkpoint_path(self) -> str:
+        return os.path.join(self.plugin_dir, "kubelet_internal_checkpoint")
+
+    def write_checkpoint(self) -> None:
+        """kubelet_internal_checkpoint as v1.34 writes it (checkpoint/checkpoint.go): every container, init
+        containers included, DeviceIDs per NUMA node ("-1": no topology), by temp file and rename."""
+        with self.changed:
+            entries = [
+                {"PodUID": self.uid_of(namespace, pod), "ContainerName": container, "ResourceName": RESOURCE,
+                 "DeviceIDs": {"-1": list(ids)}, "AllocResp": ""}
+                for (namespace, pod, container), ids in self.state.assignments.items()
+            ]
+        temp = os.path.join(self.plugin_dir, ".checkpoint.tmp")
+        with open(temp, "w") as handle:
+            json.dump({"Data": {"PodDeviceEntries": entries, "RegisteredDevices": {}}, "Checksum": 0}, handle)
+        os.replace(temp, self.checkpoint_path)
 
     def listing(self) -> podresources_pb2.ListPodResourcesResponse:
         with self.changed:
             self.list_calls += 1
             pods: dict[tuple[str, str], list[podresources_pb2.ContainerResources]] = {}
             for (namespace, pod, container), ids in self.state.assignments.items():
+                if self.state.kinds.get((namespace, pod, container)) == "init":
+                    continue  # PodResources v1 List: app and sidecar containers only (apis/podresources/server_v1.go)
                 devices = podresources_pb2.ContainerDevices(resource_name=RESOURCE, device_ids=ids)
                 pods.setdefault((namespace, pod), []).append(
                     podresources_pb2.ContainerResources(name=container, devices=[devices])

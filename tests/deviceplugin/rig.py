@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Generator
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,19 +28,21 @@ class Rig:
     tmp: Path
 
     def pod(self, name: str, containers: dict[str, int], index: int | None = 0,
-            init: dict[str, int] | None = None) -> dict[str, Any]:
-        pod = stamped(spec_pod(name, containers, init), self.contract, self.signer)
+            init: dict[str, int] | None = None, sidecars: tuple[str, ...] = ()) -> dict[str, Any]:
+        pod = stamped(spec_pod(name, containers, init, sidecars=sidecars), self.contract, self.signer)
         if index is not None:
             pod = assign(pod, index, 8)
         return self.api.add(pod)
 
 
 def make_rig(tmp: Path, gpus: str = "2x8GiB", **env: str) -> Generator[Rig, None, None]:
-    settings = plugin_settings(str(tmp), **env)
+    # A poll of an hour: re-registration after a kubelet restart must come from the directory watch.
+    settings = dataclasses.replace(plugin_settings(str(tmp), **env), watch_interval_seconds=3600.0)
     inventory = Inventory(fake_gpus(gpus, NODE, "GiB"), "GiB", 4096)
     api = FakeApiServer()
     signer = Ed25519PrivateKey.generate()
-    kubelet = TestKubelet(settings.device_plugin_dir, settings.pod_resources_socket)
+    kubelet = TestKubelet(settings.device_plugin_dir, settings.pod_resources_socket,
+                          lambda namespace, name: str(api.pod(namespace, name)["metadata"]["uid"]))
     kubelet.start()
     plugin = Plugin(settings, api=api, inventory=inventory, public_key=signer.public_key())
     plugin.start()

@@ -11,16 +11,18 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from deviceplugin.inventory import Gpu, Inventory
-from deviceplugin.placement import best_fit, usage_by_gpu
+from deviceplugin.placement import best_fit, preferred_devices, usage_by_gpu
 from deviceplugin.resolve import (
     Accepted,
     Context,
     Holding,
     NeedsPlacement,
+    Owner,
     Refusal,
     allocation_candidates,
     find_owner,
     holdings_from_checkpoint,
+    other_holders,
     slot_of,
     validate,
 )
@@ -119,6 +121,21 @@ def test_checkpoint_entries(device_ids: object, expected: tuple[str, ...] | None
         assert holdings == []
     else:
         assert holdings == [Holding("", "", "main", expected, "u1")]
+
+
+@pytest.mark.parametrize(
+    ("owner", "ids", "expected"),
+    [
+        (Owner("team", "p2", "u2", ("init",)), ["d3", "d4", "d9"], []),  # its own app container reuses them
+        (Owner("team", "p2", "u2", ("init",)), ["d1", "d9"], ["team/p1"]),  # the checkpoint entry is stale
+        (Owner("team", "p9", "u9", ("init",)), ["d9"], []),
+    ],
+)
+def test_other_holders(owner: Owner, ids: list[str], expected: list[str]) -> None:
+    assert other_holders(HOLDINGS, ids, owner) == expected
+    by_uid = [Holding("", "", "main", ("d1",), "u1"), Holding("", "", "app", ("d3",), "u2")]
+    assert other_holders(by_uid, ["d3"], Owner("team", "p2", "u2", ("init",))) == []
+    assert other_holders(by_uid, ["d1"], Owner("team", "p2", "u2", ("init",))) == ["the pod with UID u1"]
 
 
 @pytest.mark.parametrize("text", ["", "{", "[]", '{"Data": 3}'])
@@ -297,6 +314,21 @@ GPUS = [Gpu(0, "GPU-a", 8), Gpu(1, "GPU-b", 8), Gpu(2, "GPU-c", 16)]
 def test_best_fit(used: dict[int, int], need: int, unhealthy: set[int], expected: int | None) -> None:
     gpu = best_fit(GPUS, used, need, lambda i: i not in unhealthy)
     assert (gpu.index if gpu else None) == expected
+
+
+@pytest.mark.parametrize(
+    ("must", "size", "handed", "expected"),
+    [
+        ([], 2, {}, ["a-0", "a-1"]),  # nothing handed out yet: in name order, one GPU's units first
+        ([], 2, {"a-0": 1, "a-1": 1}, ["a-2", "b-0"]),  # never handed out before handed out
+        ([], 3, {"a-0": 2, "a-1": 2, "a-2": 1, "b-0": 3, "b-1": 4}, ["a-2", "a-0", "a-1"]),  # least recent first
+        (["b-1"], 2, {"a-0": 1}, ["b-1", "a-1"]),  # the kubelet's must-include IDs always come first
+        (["b-1", "b-0"], 1, {}, ["b-1", "b-0"]),
+    ],
+)
+def test_preferred_devices(must: list[str], size: int, handed: dict[str, int], expected: list[str]) -> None:
+    available = ["b-1", "a-2", "b-0", "a-0", "a-1"]
+    assert preferred_devices(available, must, size, handed) == expected
 
 
 def test_usage_counts_live_placed_pods_on_this_node(signer: Ed25519PrivateKey, contract: Contract) -> None:

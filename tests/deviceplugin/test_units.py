@@ -13,7 +13,7 @@ from deviceplugin import delivery
 from deviceplugin.cdi import CdiStore
 from deviceplugin.inventory import HEALTHY, UNHEALTHY, Gpu, Inventory, InventoryError, fake_gpus, load_inventory
 from deviceplugin.settings import settings_from
-from webhook.mutate import expected_env
+from webhook.envrules import expected_env
 from webhook.settings import SettingsError
 
 BASE = {"GPUSHARE_NODE_NAME": "node-a"}
@@ -45,6 +45,8 @@ def test_defaults() -> None:
     assert s.kubelet_checkpoint == "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint"
     assert s.pod_resources_socket == "/var/lib/kubelet/pod-resources/kubelet.sock"
     assert (s.cdi_dir, s.placement, s.contract.delivery, s.max_devices) == ("/var/run/cdi", "extender", "env", 4096)
+    assert s.fake_gpu_dir == "/var/run/gpushare/fake-gpus"
+    assert settings_from({**BASE, "GPUSHARE_FAKE_GPU_DIR": "/tmp/gpus"}).fake_gpu_dir == "/tmp/gpus"
     assert settings_from({**BASE, "GPUSHARE_DELIVERY": "cdi", "GPUSHARE_PLACEMENT": "node"}).placement == "node"
 
 
@@ -139,9 +141,15 @@ def test_cdi_spec_for_a_real_and_a_fake_gpu() -> None:
         "NVIDIA_VISIBLE_DEVICES=GPU-1111", "ALIYUN_COM_GPU_MEM_IDX=1", "ALIYUN_COM_GPU_MEM_DEV=80",
         "ALIYUN_COM_GPU_MEM_CONTAINER=4", "ALIYUN_COM_GPU_MEM_POD=6",
     ]
+    assert "mounts" not in device["containerEdits"]  # a real GPU: device nodes only
     fake = Gpu(0, "GPU-0000", 8)
     assert delivery.device_nodes(fake, ["/dev/nvidiactl"]) == []
-    assert "deviceNodes" not in delivery.cdi_spec("abc", fake, [], 1, 1)["devices"][0]["containerEdits"]
+    assert delivery.fake_gpu_file(fake) == ("GPU-0000.txt", "index=0\nuuid=GPU-0000\n")
+    edits = delivery.cdi_spec("abc", fake, [], 1, 1, gpu_file="/var/run/gpushare/fake-gpus/GPU-0000.txt")
+    edits = edits["devices"][0]["containerEdits"]
+    assert "deviceNodes" not in edits
+    assert edits["mounts"] == [{"hostPath": "/var/run/gpushare/fake-gpus/GPU-0000.txt",
+                                "containerPath": "/run/gpushare/gpu", "options": ["ro", "nosuid", "nodev", "bind"]}]
 
 
 def _with_env(env: list[dict[str, Any]]) -> dict[str, Any]:

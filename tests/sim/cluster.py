@@ -8,7 +8,6 @@ which reaches the API server through a kubeconfig with its own service-account t
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import random
 import shutil
@@ -167,12 +166,11 @@ class Cluster:
             "GPUSHARE_POD_RESOURCES_SOCKET": cfg.pod_resources_socket,
             "GPUSHARE_KUBELET_CHECKPOINT": cfg.checkpoint,
             "GPUSHARE_CDI_DIR": cfg.cdi_dir,
+            "GPUSHARE_FAKE_GPU_DIR": cfg.fake_gpu_dir,
             "GPUSHARE_KUBECONFIG": str(kubeconfig),
             "GPUSHARE_PLACEMENT": self.spec.placement,
         })
-        # Poll the kubelet socket often: simulated restarts are milliseconds apart, not seconds.
-        settings = dataclasses.replace(settings, watch_interval_seconds=0.05)
-        plugin = Plugin(settings)
+        plugin = Plugin(settings)  # it sees a simulated kubelet restart through its directory watch, as on a node
         plugin.start()
         return _OurPlugin(plugin.stop)
 

@@ -49,6 +49,11 @@ class KubeletConfig:
     def cdi_dir(self) -> str:
         return os.path.join(self.root, "cdi")
 
+    @property
+    def fake_gpu_dir(self) -> str:
+        """Where the plugin writes the files naming fake GPUs, which its CDI specs mount into containers."""
+        return os.path.join(self.root, "fake-gpus")
+
 
 @dataclass
 class PodState:

@@ -1,0 +1,104 @@
+"""Which pod holds a device-ID set: PodResources first, then the kubelet's checkpoint, names from the API server."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Protocol
+
+from deviceplugin.apiserver import ApiServer, ApiServerError
+from deviceplugin.kubelet import KubeletUnavailable
+from deviceplugin.resolve import Holding, Owner, Refusal, find_owner, other_holders
+
+log = logging.getLogger(__name__)
+
+
+class PluginError(Exception):
+    """An answer the kubelet receives as a gRPC error: `code` is a grpc.StatusCode name."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class Holdings(Protocol):
+    def holdings(self) -> list[Holding]: ...  # PodResources List (app and sidecar containers), else the checkpoint
+
+    def from_checkpoint(self) -> list[Holding]: ...  # every container, init containers included
+
+
+def refused(refusal: Refusal) -> PluginError:
+    log.warning("PreStartContainer refused: %s", refusal.message)
+    return PluginError("FAILED_PRECONDITION", refusal.message)
+
+
+class Owners:
+    """Resolves the exact owner of the devices a PreStartContainer names; never a guess."""
+
+    def __init__(self, kubelet: Holdings, api: ApiServer, node_name: str) -> None:
+        self.kubelet = kubelet
+        self.api = api
+        self.node_name = node_name
+
+    def owner(self, device_ids: Sequence[str]) -> Owner:
+        listed = self._listed()
+        try:
+            return self._named(find_owner(listed, device_ids))
+        except Refusal as refusal:
+            if refusal.reason != "GpuShareUnknownDevices":
+                raise refused(refusal) from refusal
+        # PodResources List reports app and sidecar containers only (pkg/kubelet/apis/podresources/server_v1.go),
+        # so a regular init container is found in the checkpoint, which the kubelet writes in
+        # allocateContainerResources right after Allocate, during admission, before it ever calls
+        # PreStartContainer for that pod (pkg/kubelet/cm/devicemanager/manager.go).
+        try:
+            recorded = self.kubelet.from_checkpoint()
+        except KubeletUnavailable as exc:
+            raise PluginError(
+                "UNAVAILABLE",
+                f"no container in the kubelet's pod resources holds exactly these devices and {exc}; mount "
+                "/var/lib/kubelet/device-plugins into the plugin and check GPUSHARE_KUBELET_CHECKPOINT",
+            ) from exc
+        try:
+            owner = self._named(find_owner(recorded, device_ids))
+        except Refusal as refusal:
+            raise refused(refusal) from refusal
+        others = other_holders(listed, device_ids, owner)
+        if others:
+            raise refused(Refusal(
+                f"the kubelet's checkpoint says pod {owner.ref} holds the devices {', '.join(sorted(device_ids)[:3])} "
+                f"but its pod resources give some of them to {', '.join(others[:3])}; the container is not started; "
+                "the kubelet rewrites its checkpoint at its next allocation, and retries the start"
+            ))
+        return owner
+
+    def _listed(self) -> list[Holding]:
+        try:
+            return self.kubelet.holdings()
+        except KubeletUnavailable as exc:
+            raise PluginError(
+                "UNAVAILABLE",
+                f"the gpushare device plugin cannot tell which pod holds these devices ({exc}); mount "
+                "/var/lib/kubelet/pod-resources into the plugin (Kubernetes 1.20 or newer) and check "
+                "GPUSHARE_POD_RESOURCES_SOCKET",
+            ) from exc
+
+    def _named(self, owner: Owner) -> Owner:
+        """The checkpoint knows pod UIDs only: find the pod's name among this node's pods."""
+        if owner.name:
+            return owner
+        try:
+            match = [p for p in self.api.node_pods() if (p.get("metadata") or {}).get("uid") == owner.pod_uid]
+            if not match:
+                match = [p for p in self.api.list_node_pods() if p["metadata"].get("uid") == owner.pod_uid]
+        except ApiServerError as exc:
+            raise PluginError("UNAVAILABLE", f"could not list node {self.node_name}'s pods ({exc})") from exc
+        if not match:
+            raise PluginError(
+                "FAILED_PRECONDITION",
+                f"the pod with UID {owner.pod_uid} that holds these devices is not on node {self.node_name} any "
+                "more; the container is not started",
+            )
+        meta = match[0]["metadata"]
+        return Owner(str(meta.get("namespace")), str(meta.get("name")), owner.pod_uid, owner.containers)

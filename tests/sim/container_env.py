@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from deviceplugin.api import deviceplugin_pb2 as dp
+from deviceplugin.delivery import FAKE_GPU_MOUNT
 from deviceplugin.inventory import Gpu
 
 _FIELD_RE = re.compile(r"^metadata\.(annotations|labels)\['([^']*)'\]$")
@@ -64,6 +65,7 @@ def last_wins(env: Sequence[tuple[str, str]]) -> dict[str, str]:
 class CdiEdits:
     env: tuple[tuple[str, str], ...]
     device_nodes: tuple[str, ...]
+    mounts: tuple[tuple[str, str], ...] = ()  # (container path, host path)
 
 
 def read_cdi_specs(cdi_dir: str) -> dict[str, dict[str, Any]]:
@@ -99,6 +101,7 @@ def cdi_edits(names: Sequence[str], cdi_dir: str) -> CdiEdits:
     registry = read_cdi_specs(cdi_dir)
     env: list[tuple[str, str]] = []
     nodes: list[str] = []
+    mounts: list[tuple[str, str]] = []
     for name in names:
         found = registry.get(name)
         if found is None:
@@ -108,7 +111,22 @@ def cdi_edits(names: Sequence[str], cdi_dir: str) -> CdiEdits:
                 key, _, value = str(item).partition("=")
                 env.append((key, value))
             nodes.extend(str(n.get("path")) for n in edits.get("deviceNodes") or [])
-    return CdiEdits(tuple(env), tuple(nodes))
+            mounts.extend((str(m.get("containerPath")), str(m.get("hostPath"))) for m in edits.get("mounts") or [])
+    return CdiEdits(tuple(env), tuple(nodes), tuple(mounts))
+
+
+def mounted_gpu(mounts: Sequence[tuple[str, str]]) -> tuple[int, ...] | None:
+    """The GPU index named by the file mounted at /run/gpushare/gpu (a fake GPU's CDI mount), read as the container
+    would at its start; None without that mount, () when the file is missing or names no index."""
+    hosts = [host for path, host in mounts if path == FAKE_GPU_MOUNT]
+    if not hosts:
+        return None
+    try:
+        with open(hosts[-1], encoding="utf-8") as fh:
+            fields = dict(line.partition("=")[::2] for line in fh.read().splitlines())
+        return (int(fields["index"]),)
+    except (OSError, KeyError, ValueError):
+        return ()
 
 
 @dataclass(frozen=True)
@@ -158,6 +176,7 @@ class ContainerRun:
     error: str | None
     annotations: dict[str, str]
     reason: str = ""  # the waiting reason when the start failed
+    mounted: tuple[int, ...] | None = None  # the GPU a CDI-mounted file names (fake GPUs in cdi mode)
 
 
 def create_container(
@@ -184,4 +203,4 @@ def create_container(
     return ContainerRun(
         node, str(meta.get("namespace", "")), str(meta.get("name", "")), str(meta.get("uid", "")),
         str(container.get("name")), init, units, final, value, visible.gpus, visible.made_up, error is None, error,
-        {str(k): str(v) for k, v in (meta.get("annotations") or {}).items()}, reason)
+        {str(k): str(v) for k, v in (meta.get("annotations") or {}).items()}, reason, mounted_gpu(edits.mounts))

@@ -7,7 +7,7 @@ import json
 import os
 import random
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from deviceplugin.api import deviceplugin_pb2 as dp
@@ -27,6 +27,10 @@ class Entry:
 
     def allocate_response(self) -> dp.ContainerAllocateResponse:
         return dp.ContainerAllocateResponse.FromString(self.response)
+
+
+# GetPreferredAllocation: (available IDs, IDs that must be included, allocation size) -> the plugin's answer.
+Prefer = Callable[[list[str], list[str], int], list[str]]
 
 
 class Unavailable(Exception):
@@ -64,21 +68,32 @@ class DeviceState:
         with self._lock:
             return {d for e in self._entries.values() for d in e.device_ids}
 
-    def pick(self, pod_uid: str, count: int, healthy: Sequence[str], rng: random.Random) -> list[str]:
-        """Devices for one container: this pod's reusable init-container devices first, then free ones."""
+    def pick(
+        self, pod_uid: str, count: int, healthy: Sequence[str], rng: random.Random, prefer: Prefer | None = None
+    ) -> list[str]:
+        """Devices for one container, as devicesToAllocate (pkg/kubelet/cm/devicemanager/manager.go) picks them:
+        this pod's reusable init-container devices first; then, without topology, the plugin's
+        GetPreferredAllocation answer (called with the available devices, the ones already chosen and the full
+        size, when the plugin offers it) among the free ones; then any free ones."""
         with self._lock:
-            reuse = sorted(self._reusable.get(pod_uid, set()))
-            chosen = reuse[:count]
-            if len(chosen) < count:
-                used = self.in_use()
-                free = [d for d in healthy if d not in used]
-                if len(free) < count - len(chosen):
-                    raise Unavailable(
-                        f"requested number of devices unavailable for {self.resource}. Requested: {count}, "
-                        f"Available: {len(free) + len(chosen)}"
-                    )
-                chosen += rng.sample(free, count - len(chosen))
-            return chosen
+            chosen = sorted(self._reusable.get(pod_uid, set()))[:count]
+            if len(chosen) == count:
+                return chosen
+            used = self.in_use()
+            free = [d for d in healthy if d not in used and d not in chosen]
+        need = count - len(chosen)
+        if len(free) < need:
+            raise Unavailable(
+                f"requested number of devices unavailable for {self.resource}. Requested: {need}, "
+                f"Available: {len(free)}"
+            )
+        if prefer is not None:
+            available = set(free)
+            answer = [d for d in dict.fromkeys(prefer([*free, *chosen], list(chosen), count)) if d in available]
+            chosen += answer[:need]
+            need = count - len(chosen)
+        rest = [d for d in free if d not in chosen]
+        return chosen + rng.sample(rest, need)
 
     def record(self, entry: Entry, init: bool, restartable: bool) -> None:
         """After Allocate returned: hold the devices; an init container's become reusable by its pod."""

@@ -99,13 +99,14 @@ def check(obs: Observation) -> list[Violation]:
         recorded = _index(read_annotations(current)) if current is not None else None
         if recorded is None:
             recorded = _index(run.annotations)
+        sees = f"container {run.container!r} of pod {ref} on {run.node} sees GPU {list(run.gpus)} but "
         if run.gpus != ((recorded,) if recorded is not None else ()) or recorded is None:
-            out.append(Violation("wrong-gpu", ref, f"container {run.container!r} of pod {ref} on {run.node} sees "
-                                 f"GPU {list(run.gpus)} but its pod records GPU {recorded}"))
+            out.append(Violation("wrong-gpu", ref, sees + f"its pod records GPU {recorded}"))
+        if run.mounted is not None and run.mounted != run.gpus:
+            out.append(Violation("wrong-gpu", ref, sees + f"its CDI-mounted GPU file names {list(run.mounted)}"))
         record = _allocation_gpu(read_annotations(current) if current is not None else run.annotations)
         if record is not None and run.gpus != (record,):
-            out.append(Violation("wrong-gpu", ref, f"container {run.container!r} of pod {ref} on {run.node} sees "
-                                 f"GPU {list(run.gpus)} but the pod's allocation record names GPU {record}"))
+            out.append(Violation("wrong-gpu", ref, sees + f"the pod's allocation record names GPU {record}"))
     out += _capacity(obs, alive)
     out += _end_states(obs, alive)
     for node, uids in obs.held.items():

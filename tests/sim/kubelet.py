@@ -14,7 +14,7 @@ from typing import Any
 import grpc
 
 from tests.sim.container_env import ContainerRun, create_container
-from tests.sim.devices import DeviceState, Entry, Unavailable
+from tests.sim.devices import DeviceState, Entry, Prefer, Unavailable
 from tests.sim.kubelet_grpc import PluginConn, PodResourcesServer, RegistrationServer, remove_sockets, rpc_error_text
 from tests.sim.kubelet_parts import KubeletConfig, PodState, containers_of, meta_of, started_status, waiting_status
 from tests.sim.ports import ApiError, Pod, PodApi
@@ -45,7 +45,8 @@ class Kubelet:
         for path in (config.plugin_dir, os.path.dirname(config.pod_resources_socket), config.cdi_dir):
             os.makedirs(path, exist_ok=True)
         self.registration = RegistrationServer(config.plugin_dir, config.resource, self._on_devices)
-        self.pod_resources = PodResourcesServer(config.pod_resources_socket, self.devices, self._healthy)
+        self.pod_resources = PodResourcesServer(config.pod_resources_socket, self.devices, self._healthy,
+                                                self._active_pods)
 
     # -- lifecycle --------------------------------------------------------------------------------------
 
@@ -101,6 +102,13 @@ class Kubelet:
             return
         self.devices.registered = list(conn.devices)
         self._registered.set()
+
+    def _active_pods(self) -> list[Pod]:
+        """The pods the kubelet still runs or will run: not finished, not failed at admission."""
+        with self._lock:
+            states = list(self._pods.values())
+        return [s.pod for s in states if not s.cancel.is_set()
+                and (s.pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")]
 
     def _healthy(self) -> list[str]:
         conn = self.registration.conn
@@ -222,7 +230,7 @@ class Kubelet:
                 continue
             try:
                 with self._plugin_call() as conn:
-                    ids = self.devices.pick(uid, units, conn.healthy(), self._rng)
+                    ids = self.devices.pick(uid, units, conn.healthy(), self._rng, self._prefer(conn))
                     response = conn.allocate(ids, self.config.rpc_timeout_s)
             except _Closed:
                 return
@@ -248,6 +256,12 @@ class Kubelet:
             state.worker = threading.Thread(target=self._work, args=(state,), daemon=True,
                                             name=f"sim-kubelet-{self.config.node}-worker")
             state.worker.start()
+
+    def _prefer(self, conn: PluginConn) -> Prefer | None:
+        """GetPreferredAllocation, when the plugin offers it; the kubelet takes its answer (manager.go)."""
+        if not conn.options.get_preferred_allocation_available:
+            return None
+        return lambda available, must, size: conn.preferred(available, must, size, self.config.rpc_timeout_s)
 
     def _reject(self, state: PodState, cause: str) -> None:
         meta = meta_of(state.pod)

@@ -17,6 +17,7 @@ from deviceplugin.api import deviceplugin_pb2 as dp
 from deviceplugin.api import deviceplugin_pb2_grpc, podresources_pb2_grpc
 from deviceplugin.api import podresources_pb2 as pr
 from tests.sim.devices import DeviceState
+from tests.sim.ports import Pod
 
 VERSION = "v1beta1"
 
@@ -50,6 +51,12 @@ class PluginConn:
         request = dp.AllocateRequest(container_requests=[dp.ContainerAllocateRequest(devices_ids=device_ids)])
         response: dp.AllocateResponse = _stub(self.channel).Allocate(request, timeout=timeout)
         return response
+
+    def preferred(self, available: list[str], must_include: list[str], size: int, timeout: float) -> list[str]:
+        request = dp.PreferredAllocationRequest(container_requests=[dp.ContainerPreferredAllocationRequest(
+            available_deviceIDs=available, must_include_deviceIDs=must_include, allocation_size=size)])
+        response: dp.PreferredAllocationResponse = _stub(self.channel).GetPreferredAllocation(request, timeout=timeout)
+        return list(response.container_responses[0].deviceIDs) if response.container_responses else []
 
     def pre_start(self, device_ids: list[str], timeout: float) -> None:
         _stub(self.channel).PreStartContainer(dp.PreStartContainerRequest(devices_ids=device_ids), timeout=timeout)
@@ -167,13 +174,16 @@ class TokenBucket:
 
 
 class PodResourcesServer(podresources_pb2_grpc.PodResourcesListerServicer):
-    """`v1.PodResourcesLister` on its own socket, from the device state, rate limited like the kubelet's."""
+    """`v1.PodResourcesLister` on its own socket, rate limited like the kubelet's. Like v1.34's List
+    (pkg/kubelet/apis/podresources/server_v1.go) it reports the active pods' app containers and restartable
+    (sidecar) init containers, with their devices; regular init containers never appear."""
 
     def __init__(self, socket_path: str, state: DeviceState, allocatable: Callable[[], list[str]],
-                 limit: TokenBucket | None = None) -> None:
+                 active_pods: Callable[[], list[Pod]], limit: TokenBucket | None = None) -> None:
         self.socket_path = socket_path
         self.state = state
         self.allocatable = allocatable
+        self.active_pods = active_pods
         self.limit = limit or TokenBucket(100.0, 10)
         self._server: grpc.Server | None = None
 
@@ -198,19 +208,17 @@ class PodResourcesServer(podresources_pb2_grpc.PodResourcesListerServicer):
             os.unlink(self.socket_path)
 
     def _pods(self) -> Iterator[pr.PodResources]:
-        for entries in self.state.by_pod().values():
-            first = entries[0]
-            yield pr.PodResources(
-                name=first.pod_name,
-                namespace=first.namespace,
-                containers=[
-                    pr.ContainerResources(
-                        name=e.container,
-                        devices=[pr.ContainerDevices(resource_name=e.resource, device_ids=list(e.device_ids))],
-                    )
-                    for e in entries
-                ],
-            )
+        held = {(e.pod_uid, e.container): e for e in self.state.entries()}
+        for pod in self.active_pods():
+            meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+            sidecars = [c for c in spec.get("initContainers") or [] if c.get("restartPolicy") == "Always"]
+            containers = []
+            for container in [*sidecars, *(spec.get("containers") or [])]:
+                entry = held.get((meta.get("uid", ""), container.get("name")))
+                devices = [pr.ContainerDevices(resource_name=entry.resource, device_ids=list(entry.device_ids))
+                           ] if entry is not None else []
+                containers.append(pr.ContainerResources(name=container.get("name"), devices=devices))
+            yield pr.PodResources(name=meta.get("name"), namespace=meta.get("namespace"), containers=containers)
 
     def List(self, request: pr.ListPodResourcesRequest, context: grpc.ServicerContext) -> pr.ListPodResourcesResponse:
         self._admit(context)

@@ -45,8 +45,9 @@ class ScriptedPlugin(deviceplugin_pb2_grpc.DevicePluginServicer):
 
     def __init__(self, plugin_dir: str, gpus: tuple[Gpu, ...], *, pre_start_required: bool = True,
                  allocate: Callable[[list[str]], dp.ContainerAllocateResponse] | None = None,
-                 prestart_failures: int = 0) -> None:
+                 prestart_failures: int = 0, prefer: Callable[[list[str], int], list[str]] | None = None) -> None:
         self.plugin_dir = plugin_dir
+        self.prefer = prefer  # GetPreferredAllocation, offered only when given: (available, size) -> answer
         self.devices = [d for g in gpus for d in g.device_ids()]
         self.pre_start_required = pre_start_required
         self.allocate_fn = allocate or (lambda ids: dp.ContainerAllocateResponse(envs={"SLOT": ",".join(ids)}))
@@ -71,7 +72,17 @@ class ScriptedPlugin(deviceplugin_pb2_grpc.DevicePluginServicer):
 
     def GetDevicePluginOptions(self, request: dp.Empty, context: grpc.ServicerContext) -> dp.DevicePluginOptions:
         self.calls.append(("GetDevicePluginOptions", []))
-        return dp.DevicePluginOptions(pre_start_required=self.pre_start_required)
+        return dp.DevicePluginOptions(pre_start_required=self.pre_start_required,
+                                      get_preferred_allocation_available=self.prefer is not None)
+
+    def GetPreferredAllocation(self, request: dp.PreferredAllocationRequest, context: grpc.ServicerContext
+                               ) -> dp.PreferredAllocationResponse:
+        assert self.prefer is not None and len(request.container_requests) == 1
+        wanted = request.container_requests[0]
+        self.calls.append(("GetPreferredAllocation", sorted(wanted.must_include_deviceIDs)))
+        answer = self.prefer(sorted(wanted.available_deviceIDs), wanted.allocation_size)
+        return dp.PreferredAllocationResponse(container_responses=[dp.ContainerPreferredAllocationResponse(
+            deviceIDs=answer)])
 
     def ListAndWatch(self, request: dp.Empty, context: grpc.ServicerContext) -> Iterator[dp.ListAndWatchResponse]:
         yield dp.ListAndWatchResponse(devices=[dp.Device(ID=d, health="Healthy") for d in self.devices])
@@ -106,11 +117,14 @@ def wait_for(predicate: Callable[[], object], timeout: float = 10.0) -> None:
 
 
 def gpu_pod(name: str, apps: list[int], inits: list[int] | None = None, env: list[dict[str, Any]] | None = None,
-            annotations: dict[str, str] | None = None) -> Pod:
+            annotations: dict[str, str] | None = None, sidecars: tuple[int, ...] = ()) -> Pod:
+    """`sidecars`: the positions of the init containers that are restartable."""
     def container(prefix: str, i: int, units: int) -> dict[str, Any]:
         out: dict[str, Any] = {"name": f"{prefix}{i}", "image": "img", "env": list(env or [])}
         if units:
             out["resources"] = {"limits": {RESOURCE: str(units)}}
+        if prefix == "init" and i in sidecars:
+            out["restartPolicy"] = "Always"
         return out
 
     spec: dict[str, Any] = {"containers": [container("app", i, u) for i, u in enumerate(apps)]}
@@ -208,6 +222,33 @@ def test_pod_resources_and_checkpoint(node_factory: Callable[..., Node]) -> None
     assert entry["PodUID"] == pod["metadata"]["uid"] and entry["ContainerName"] == "app0"
     assert entry["ResourceName"] == RESOURCE and entry["DeviceIDs"] == {"-1": ids}
     assert isinstance(doc["Checksum"], int) and len(doc["Data"]["RegisteredDevices"][RESOURCE]) == 8
+
+
+def test_pod_resources_lists_app_and_sidecar_containers_only(node_factory: Callable[..., Node]) -> None:
+    node = node_factory()
+    pod = node.run(gpu_pod("p", apps=[1, 0], inits=[3, 1], sidecars=(1,)))
+    assert pod["status"]["phase"] == "Running"
+    with grpc.insecure_channel("unix://" + node.kubelet.config.pod_resources_socket) as channel:
+        lister = podresources_pb2_grpc.PodResourcesListerStub(channel)  # type: ignore[no-untyped-call]
+        [listed] = lister.List(pr.ListPodResourcesRequest(), timeout=5).pod_resources
+    held = {c.name: [d for devices in c.devices for d in devices.device_ids] for c in listed.containers}
+    assert list(held) == ["init1", "app0", "app1"]  # the regular init container init0 never appears
+    assert (len(held["init1"]), len(held["app0"]), held["app1"]) == (1, 1, [])
+    with open(node.kubelet.config.checkpoint, encoding="utf-8") as fh:
+        entries = json.load(fh)["Data"]["PodDeviceEntries"]
+    assert sorted(e["ContainerName"] for e in entries) == ["app0", "init0", "init1"]  # the checkpoint has them all
+
+
+def test_preferred_allocation_is_asked_and_taken(node_factory: Callable[..., Node]) -> None:
+    node = node_factory(prefer=lambda available, size: available[-size:])
+    pod = node.run(gpu_pod("p", apps=[3], inits=[2]))
+    assert pod["status"]["phase"] == "Running"
+    calls = [(call, ids) for call, ids in node.plugin.calls if call in ("GetPreferredAllocation", "Allocate")]
+    devices = sorted(node.plugin.devices)
+    assert [c for c, _ in calls] == ["GetPreferredAllocation", "Allocate", "GetPreferredAllocation", "Allocate"]
+    assert sorted(calls[1][1]) == devices[-2:]  # the init container: the answer, taken
+    assert calls[2][1] == devices[-2:]  # the app container must include the init container's devices
+    assert set(calls[3][1]) > set(devices[-2:])
 
 
 def test_allocate_error_fails_pod_with_kubelet_message(node_factory: Callable[..., Node]) -> None:

@@ -23,10 +23,11 @@ def pod(uid: str, idx: int | None = 0, units: int = 4, phase: str = "Running", n
 
 
 def run(uid: str, gpus: tuple[int, ...] = (0,), units: int = 4, made_up: tuple[str, ...] = (),
-        annotations: dict[str, str] | None = None) -> ContainerRun:
+        annotations: dict[str, str] | None = None, mounted: tuple[int, ...] | None = None) -> ContainerRun:
     visible = ",".join([*map(str, gpus), *made_up])
     return ContainerRun("n", "ns", uid, uid, "c", False, units, {"NVIDIA_VISIBLE_DEVICES": visible}, visible, gpus,
-                        made_up, not made_up, "unknown device id" if made_up else None, dict(annotations or {}))
+                        made_up, not made_up, "unknown device id" if made_up else None, dict(annotations or {}),
+                        mounted=mounted)
 
 
 def observe(pods: list[Pod], runs: list[ContainerRun], **kwargs: Any) -> Observation:
@@ -42,6 +43,9 @@ ALLOCATION = '{"allocationId":"a","containers":{},"gpu":{"index":1,"uuid":"GPU-x
     ([pod("a")], [run("a")], {}, []),
     ([pod("a", idx=1)], [run("a", gpus=(0,))], {}, ["wrong-gpu"]),
     ([pod("a")], [run("a", gpus=(0, 1))], {}, ["wrong-gpu"]),
+    ([pod("a")], [run("a", mounted=(0,))], {}, []),
+    ([pod("a")], [run("a", mounted=(1,))], {}, ["wrong-gpu"]),  # the CDI-mounted file names another GPU
+    ([pod("a")], [run("a", mounted=())], {}, ["wrong-gpu"]),  # the mounted file is missing
     ([pod("a", idx=None)], [run("a", gpus=(0,))], {}, ["wrong-gpu"]),
     ([pod("a", phase="Pending", **WAITING)], [run("a", gpus=(), made_up=("no-gpu-has-4GiB-to-run",))], {},
      ["made-up-device"]),

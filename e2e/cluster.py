@@ -58,6 +58,9 @@ class Cluster:
         return Rest(self.server, self.pki_dir / "ca.crt",
                     client=(self.pki_dir / "admin.crt", self.pki_dir / "admin.key"))
 
+    def has(self, kind: str, name: str, namespace: str) -> bool:
+        return self.kubectl().run(["get", kind, name, "-n", namespace], timeout=10)[0] == 0
+
     def log(self, name: str) -> Path:
         return self.procs.logs / f"{name}.log"
 
@@ -146,7 +149,9 @@ class Cluster:
         kubeconfig(self.conf / "plugin.kubeconfig", self.server, self.pki_dir / "ca.crt", token=plugin_token,
                    user="gpushare-device-plugin")
         self.start_plugin()
-        kubectl.ok(["wait", "--for=jsonpath={.metadata.name}=default", "serviceaccount/default", "--timeout=60s"])
+        # kubectl wait fails at once on an object that does not exist yet: poll for the controller's work.
+        self.procs.wait_ready("kube-controller-manager", lambda: self.has("serviceaccount", "default", "default"), 60,
+                              "the default ServiceAccount")
 
     # -- gpushare processes ---------------------------------------------------------------------------
 
@@ -183,8 +188,13 @@ class Cluster:
         return {**_base_env(), **env}
 
     def start_plugin(self) -> None:
+        log = self.log("device-plugin")
+        offset = log.stat().st_size if log.exists() else 0
         self.procs.start("device-plugin", [sys.executable, "-m", "deviceplugin.main"], env=self.plugin_env(), cwd=REPO)
         kubectl = self.kubectl()
+        # Registered with this kubelet (the plugin logs it once Register returned), and the node shows it.
+        self.procs.wait_ready("device-plugin", lambda: b"device plugin serving" in log.read_bytes()[offset:], 60,
+                              "registered with the kubelet")
         self.procs.wait_ready("device-plugin", lambda: _has_capacity(kubectl, self.settings.node_name), 60,
                               "the node advertising aliyun.com/gpu-mem")
 

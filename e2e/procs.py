@@ -16,6 +16,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+# Every process the tier starts carries this variable (its value: the run directory), so that `down` also finds
+# one the state file lost track of: a crashed harness, or one started by hand.
+OWNER = "GPUSHARE_E2E_OWNER"
+
 
 class StartError(Exception):
     """A process did not start or did not become ready; the text names it and ends with its log."""
@@ -102,7 +106,8 @@ class Processes:
             out.flush()
             process = subprocess.Popen(
                 list(argv), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env=dict(env) if env is not None else None, cwd=cwd, start_new_session=True,
+                env={**(env if env is not None else os.environ), OWNER: str(self.run_dir)}, cwd=cwd,
+                start_new_session=True,
             )
         self.procs[name] = Proc(name, process, log)
         self._save()
@@ -137,17 +142,33 @@ class Processes:
         raise StartError(f"{name} did not reach '{what}' within {timeout:g} s; its log:\n{log_tail(proc.log)}")
 
 
+def owned_pids(run_dir: Path) -> list[int]:
+    """PIDs of live processes started by the tier for `run_dir` (found by their OWNER variable)."""
+    marker = f"{OWNER}={run_dir}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            with contextlib.suppress(OSError):
+                if marker in (entry / "environ").read_bytes().split(b"\0"):
+                    found.append(int(entry.name))
+    return found
+
+
 def stop_recorded(run_dir: Path) -> list[str]:
     """Stop every process an earlier run recorded (in reverse start order); returns their names."""
     state = run_dir / "pids.json"
     try:
         recorded: dict[str, int] = json.loads(state.read_text())
     except (OSError, ValueError):
-        return []
+        recorded = {}
     stopped = []
     for name, pid in reversed(list(recorded.items())):
         if _alive(pid):
             stop_pid(pid, grace=5.0)
             stopped.append(name)
     state.unlink(missing_ok=True)
+    for pid in owned_pids(run_dir):
+        if _alive(pid):
+            stop_pid(pid, grace=5.0, group=False)
+            stopped.append(f"PID {pid}")
     return stopped

@@ -54,8 +54,8 @@ def namespace(cluster: Cluster, kubectl: Kubectl) -> Iterator[str]:
     name = "e2e-" + uuid.uuid4().hex[:8]
     kubectl.ok(["create", "namespace", name])
     kubectl.ok(["create", "rolebinding", "tenant-edit", "-n", name, "--clusterrole=edit", f"--user={TENANT}"])
-    kubectl.ok(["wait", "-n", name, "--for=jsonpath={.metadata.name}=default", "serviceaccount/default",
-                "--timeout=60s"])
+    cluster.procs.wait_ready("kube-controller-manager", lambda: cluster.has("serviceaccount", "default", name), 60,
+                             f"the default ServiceAccount of namespace {name}")
     yield name
     kubectl.run(["delete", "namespace", name, "--wait=false"])
     kubectl.run(["delete", "pods", "--all", "-n", name, "--grace-period=0", "--force"], timeout=60)

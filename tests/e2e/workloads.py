@@ -90,6 +90,19 @@ def wait(what: str, check: Callable[[], bool], timeout: float, interval: float =
     raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
 
 
+def wait_running(kubectl: Kubectl, namespace: str, count: int, timeout: float) -> list[dict[str, Any]]:
+    """Wait for `count` pods all running; fail naming every pod that is not, with its reason."""
+    deadline = time.monotonic() + timeout
+    while True:
+        items = pods(kubectl, namespace)
+        if len(items) == count and all(map(running, items)):
+            return items
+        if time.monotonic() > deadline:
+            stuck = {p["metadata"]["name"]: reason(p) for p in items if not running(p)}
+            raise AssertionError(f"{len(items)} pods, not all running after {timeout:g} s: {stuck}")
+        time.sleep(1)
+
+
 def phase(p: Mapping[str, Any]) -> str:
     return str((p.get("status") or {}).get("phase", ""))
 

@@ -1,0 +1,80 @@
+"""Restarts and outages on the real node: the kubelet mid-pull, the device plugin, a webhook outage."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+from e2e.cluster import Cluster
+from e2e.kube import Kubectl
+from tests.e2e import workloads as w
+
+NO_GPU = ("<unset>", "void", "")
+
+
+def check_on_recorded_gpu(cluster: Cluster, kubectl: Kubectl, namespace: str, delivery: str) -> list[str]:
+    """Assert every running pod's container is on its recorded GPU; return the others with their reasons."""
+    s, others = cluster.settings, []
+    for p in w.pods(kubectl, namespace):
+        name = p["metadata"]["name"]
+        if not w.running(p):
+            others.append(f"{name}: {w.reason(p)}")
+            continue
+        rep = w.report(kubectl, namespace, name, "main")
+        assert rep is not None, f"{name} printed no report"
+        assert w.gpu_of(rep, delivery, s.node_name, s.fake_gpus) == w.assigned_index(p), f"{name}: {rep}"
+    return others
+
+
+def test_kubelet_restart_while_pods_pull(cluster: Cluster, delivery: str, kubectl: Kubectl, namespace: str) -> None:
+    img = w.image(cluster, 15000)
+    code, out = w.create(kubectl, namespace, w.replicaset("pulling", 8, w.pod("x", [w.container("main", img, 8)])))
+    assert code == 0, out
+
+    def admitted() -> bool:
+        items = w.pods(kubectl, namespace)
+        return len(items) == 8 and all(p["spec"].get("nodeName") for p in items) and not any(map(w.running, items))
+
+    w.wait("8 pods bound and pulling", admitted, 60, 0.5)
+    time.sleep(2)  # the kubelet has admitted them (Allocate) and started the pull
+    cluster.procs.stop("kubelet")
+    cluster.start_kubelet()
+    def live() -> list[dict[str, Any]]:
+        return [p for p in w.pods(kubectl, namespace) if not p["metadata"].get("deletionTimestamp")]
+
+    w.wait("every pod running or failed", lambda: len(live()) >= 8 and all(map(w.settled, live())), 240, 2)
+    others = check_on_recorded_gpu(cluster, kubectl, namespace, delivery)
+    print(f"\nkubelet restart mid-pull ({delivery}): {8 - len(others)} of 8 running; others: {others}", file=sys.stderr)
+    # The real kubelet re-admits every pod; one it rejects fails with UnexpectedAdmissionError and its
+    # ReplicaSet replaces it. Either way: no container on another pod's GPU, and every refusal explained.
+    assert all("UnexpectedAdmissionError" in reason or "Running" in reason for reason in others), others
+
+
+def test_plugin_restart_keeps_pods_and_serves_new_ones(cluster: Cluster, delivery: str, kubectl: Kubectl,
+                                                        namespace: str) -> None:
+    img = w.image(cluster)
+    assert w.create(kubectl, namespace, w.pod("before", [w.container("main", img, 4)]))[0] == 0
+    w.wait_running(kubectl, namespace, 1, 120)
+    cluster.procs.stop("device-plugin")
+    cluster.start_plugin()
+    assert w.create(kubectl, namespace, w.pod("after", [w.container("main", img, 4)]))[0] == 0
+    w.wait_running(kubectl, namespace, 2, 120)
+    assert check_on_recorded_gpu(cluster, kubectl, namespace, delivery) == []
+    first = next(p for p in w.pods(kubectl, namespace) if p["metadata"]["name"] == "before")
+    assert first["status"]["containerStatuses"][0]["restartCount"] == 0
+
+
+def test_webhook_outage_refuses_gpu_pods_only(cluster: Cluster, kubectl: Kubectl, namespace: str) -> None:
+    img = w.image(cluster)
+    cluster.stop_webhook()
+    try:
+        code, out = w.create(kubectl, namespace, w.pod("gpu", [w.container("main", img, 4)]))
+        assert code != 0 and "gpushare.io" in out and "webhook" in out, out
+        code, out = w.create(kubectl, namespace, w.pod("plain", [w.container("main", img)]))
+        assert code == 0, f"an ordinary pod must be created while the webhook is down: {out}"
+    finally:
+        cluster.start_webhook()
+    code, out = w.create(kubectl, namespace, w.pod("gpu", [w.container("main", img, 4)]))
+    assert code == 0, out
+    w.wait_running(kubectl, namespace, 2, 120)

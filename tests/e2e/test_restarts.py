@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import datetime
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from e2e.cluster import Cluster
 from e2e.kube import Kubectl
 from tests.e2e import workloads as w
 
-NO_GPU = ("<unset>", "void", "")
+KUBELET_SOCKET = "/var/lib/kubelet/device-plugins/kubelet.sock"
 
 
 def check_on_recorded_gpu(cluster: Cluster, kubectl: Kubectl, namespace: str, delivery: str) -> list[str]:
@@ -27,6 +29,22 @@ def check_on_recorded_gpu(cluster: Cluster, kubectl: Kubectl, namespace: str, de
     return others
 
 
+def registration_delay(cluster: Cluster) -> float | None:
+    """Seconds from the new kubelet.sock to the kubelet logging our registration (None: not registered yet)."""
+    try:
+        created = Path(KUBELET_SOCKET).stat().st_ctime
+    except OSError:
+        return None
+    day = datetime.datetime.fromtimestamp(created, datetime.UTC)
+    for line in reversed(cluster.log("kubelet").read_text(errors="replace").splitlines()):
+        if "Got registration request from device plugin" in line and "aliyun.com/gpu-mem" in line:
+            clock = line.split()[1]  # klog: I1130 19:34:44.409499 ...
+            at = datetime.datetime.strptime(f"{day:%Y-%m-%d} {clock}", "%Y-%m-%d %H:%M:%S.%f")
+            delay = at.replace(tzinfo=datetime.UTC).timestamp() - created
+            return delay if delay >= 0 else None
+    return None
+
+
 def test_kubelet_restart_while_pods_pull(cluster: Cluster, delivery: str, kubectl: Kubectl, namespace: str) -> None:
     img = w.image(cluster, 15000)
     code, out = w.create(kubectl, namespace, w.replicaset("pulling", 8, w.pod("x", [w.container("main", img, 8)])))
@@ -40,12 +58,14 @@ def test_kubelet_restart_while_pods_pull(cluster: Cluster, delivery: str, kubect
     time.sleep(2)  # the kubelet has admitted them (Allocate) and started the pull
     cluster.procs.stop("kubelet")
     cluster.start_kubelet()
+    w.wait("the plugin registered again", lambda: registration_delay(cluster) is not None, 60, 0.2)
     def live() -> list[dict[str, Any]]:
         return [p for p in w.pods(kubectl, namespace) if not p["metadata"].get("deletionTimestamp")]
 
     w.wait("every pod running or failed", lambda: len(live()) >= 8 and all(map(w.settled, live())), 240, 2)
     others = check_on_recorded_gpu(cluster, kubectl, namespace, delivery)
-    print(f"\nkubelet restart mid-pull ({delivery}): {8 - len(others)} of 8 running; others: {others}", file=sys.stderr)
+    print(f"\nkubelet restart mid-pull ({delivery}): {8 - len(others)} of 8 running; others: {others}; the plugin "
+          f"registered {registration_delay(cluster):.3f} s after kubelet.sock appeared", file=sys.stderr)
     # The real kubelet re-admits every pod; one it rejects fails with UnexpectedAdmissionError and its
     # ReplicaSet replaces it. Either way: no container on another pod's GPU, and every refusal explained.
     assert all("UnexpectedAdmissionError" in reason or "Running" in reason for reason in others), others
@@ -78,3 +98,18 @@ def test_webhook_outage_refuses_gpu_pods_only(cluster: Cluster, kubectl: Kubectl
     code, out = w.create(kubectl, namespace, w.pod("gpu", [w.container("main", img, 4)]))
     assert code == 0, out
     w.wait_running(kubectl, namespace, 2, 120)
+
+
+def test_kubelet_restart_keeps_a_running_pod_whose_init_container_had_gpu_memory(
+        cluster: Cluster, delivery: str, kubectl: Kubectl, namespace: str) -> None:
+    img = w.image(cluster)
+    spec = w.pod("inited", [w.container("main", img, 4)], [w.container("prep", img, 8, then="exit 0")])
+    assert w.create(kubectl, namespace, spec)[0] == 0
+    w.wait_running(kubectl, namespace, 1, 120)
+    cluster.procs.stop("kubelet")
+    cluster.start_kubelet()
+    w.wait("the plugin registered again", lambda: registration_delay(cluster) is not None, 60, 0.2)
+    time.sleep(10)  # the re-admission and a sync or two of the pod
+    pod = w.wait_running(kubectl, namespace, 1, 60)[0]
+    assert pod["status"]["containerStatuses"][0]["restartCount"] == 0
+    assert check_on_recorded_gpu(cluster, kubectl, namespace, delivery) == []

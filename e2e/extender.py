@@ -21,7 +21,7 @@ import time
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from e2e.kube import KubeError, Rest
 from webhook.protocol import (
@@ -47,8 +47,16 @@ def _total(pod: dict[str, Any]) -> int:
         return 0
 
 
+class Api(Protocol):
+    """What the extender needs of the API server (e2e.kube.Rest in the tier, a fake in unit tests)."""
+
+    def get(self, path: str) -> Any: ...
+
+    def call(self, method: str, path: str, body: Any = None, content_type: str = "application/json") -> Any: ...
+
+
 class Extender:
-    def __init__(self, api: Rest) -> None:
+    def __init__(self, api: Api) -> None:
         self.api = api
         self._lock = threading.Lock()  # decisions are serial, as in the reference extender's bind
 

@@ -1,0 +1,93 @@
+"""The tier's images and registry: deterministic layers, and the OCI pull API served on 127.0.0.1."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import tarfile
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from e2e import images
+from e2e.registry import Registry, Store
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Store:
+    (tmp_path / "busybox").write_bytes(b"\x7fELF fake busybox")
+    (tmp_path / "pause").write_bytes(b"\x7fELF fake pause")
+    return Store(tmp_path / "busybox", tmp_path / "pause")
+
+
+@pytest.fixture
+def registry(store: Store) -> Iterator[str]:
+    server = Registry(0, store)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
+def get(url: str) -> tuple[int, bytes, dict[str, str]]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.status, response.read(), dict(response.headers)
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read(), dict(exc.headers)
+
+
+def test_the_same_files_make_the_same_layer() -> None:
+    files = {"bin/x": (b"content", 0o755)}
+    assert images.layer(files).blob == images.layer(files).blob
+    assert images.layer(files).diff_id != images.layer({"bin/x": (b"other", 0o755)}).diff_id
+
+
+def test_a_layer_holds_its_files_and_links() -> None:
+    made = images.layer({"bin/busybox": (b"bb", 0o755)}, {"bin/sh": "busybox"})
+    with tarfile.open(fileobj=io.BytesIO(gzip.decompress(made.blob))) as tar:
+        members = {m.name: m for m in tar.getmembers()}
+    assert members["bin/sh"].issym() and members["bin/sh"].linkname == "busybox"
+    assert members["bin/busybox"].mode == 0o755 and members["bin"].isdir()
+
+
+def test_the_registry_serves_a_pullable_image(registry: str) -> None:
+    assert get(registry + "/v2/")[0] == 200
+    status, body, headers = get(registry + "/v2/gpushare-e2e/busybox/manifests/latest")
+    assert status == 200 and headers["Docker-Content-Digest"] == images.digest(body)
+    manifest = json.loads(body)
+    for blob in [manifest["config"], *manifest["layers"]]:
+        status, data, _ = get(f"{registry}/v2/gpushare-e2e/busybox/blobs/{blob['digest']}")
+        assert status == 200 and images.digest(data) == blob["digest"] and len(data) == blob["size"]
+    by_digest = get(f"{registry}/v2/gpushare-e2e/busybox/manifests/{images.digest(body)}")
+    assert by_digest[1] == body
+
+
+def test_image_env_of_the_cuda_like_repository(registry: str) -> None:
+    manifest = json.loads(get(registry + "/v2/gpushare-e2e/cuda-like/manifests/v1")[1])
+    config = json.loads(get(f"{registry}/v2/gpushare-e2e/cuda-like/blobs/{manifest['config']['digest']}")[1])
+    assert "NVIDIA_VISIBLE_DEVICES=all" in config["config"]["Env"]
+
+
+def test_slow_tags_are_fresh_layers_with_their_delay(store: Store) -> None:
+    first = json.loads(store.manifest("gpushare-e2e/busybox", "slow-2500-a") or b"")
+    second = json.loads(store.manifest("gpushare-e2e/busybox", "slow-2500-b") or b"")
+    assert first["layers"][0] == second["layers"][0], "the busybox layer is shared"
+    assert first["layers"][1] != second["layers"][1], "each slow tag has a layer of its own"
+    assert store.delay[first["layers"][1]["digest"]] == 2.5
+    fast = json.loads(store.manifest("gpushare-e2e/busybox", "fast") or b"")
+    assert fast["layers"][1]["digest"] not in store.delay
+
+
+@pytest.mark.parametrize("path", ["/v2/nothing/manifests/x", "/v2/gpushare-e2e/busybox/blobs/sha256:00", "/etc"])
+def test_unknown_paths_are_404(registry: str, path: str) -> None:
+    assert get(registry + path)[0] == 404

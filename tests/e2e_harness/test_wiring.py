@@ -55,7 +55,8 @@ def test_node_configurations(tmp_path: Path) -> None:
     tools = toolchain.Toolchain(kubernetes=tmp_path, containerd=tmp_path, pause=tmp_path / "pause",
                                 runc=Path("/usr/sbin/runc"), cni_bin=Path("/usr/lib/cni"), busybox=Path("/bin/busybox"))
     text = node.containerd_config(settings, tools, tmp_path).read_text()
-    for line in ("enable_cdi = true", "restrict_oom_score_adj = true", 'sandbox = "127.0.0.1:30004/gpushare-e2e/pause:1"'):
+    sandbox = 'sandbox = "127.0.0.1:30004/gpushare-e2e/pause:1"'
+    for line in ("enable_cdi = true", "restrict_oom_score_adj = true", sandbox):
         assert line in text
     hosts = tmp_path / "certs.d" / "127.0.0.1:30004" / "hosts.toml"
     assert 'server = "http://127.0.0.1:30004"' in hosts.read_text()

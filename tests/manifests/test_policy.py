@@ -45,13 +45,15 @@ def _rule_matches(spec: Obj, operation: str, subresource: str) -> bool:
 
 
 def admit(name: str, operation: str, obj: Pod, old: Pod | None = None, *, user: str = USER,
-          subresource: str = "") -> list[str] | None:
+          subresource: str = "", node: str | None = None) -> list[str] | None:
     """None when the policy does not apply; else the messages of the validations that fail ([] = allowed)."""
     spec = policy(name)["spec"]
     if not _rule_matches(spec, operation, subresource):
         return None
-    request = {"operation": operation, "namespace": "ml", "subResource": subresource,
-               "userInfo": {"username": user, "groups": ["system:authenticated"]}}
+    user_info: dict[str, Any] = {"username": user, "groups": ["system:authenticated"]}
+    if node is not None:
+        user_info["extra"] = {"authentication.kubernetes.io/node-name": [node]}
+    request = {"operation": operation, "namespace": "ml", "subResource": subresource, "userInfo": user_info}
     activation: dict[str, Any] = {"object": json_to_cel(obj), "oldObject": json_to_cel(old),
                                   "request": json_to_cel(request)}
     for condition in spec.get("matchConditions", []):
@@ -99,6 +101,39 @@ PLACED = annotate(GPU, {IDX: "0", "ALIYUN_COM_GPU_MEM_DEV": "16", "ALIYUN_COM_GP
 INTENT = Contract().intent_key
 
 
+def bound(p: Pod, node: str = "n1") -> Pod:
+    out = copy.deepcopy(p)
+    out["spec"]["nodeName"] = node
+    return out
+
+
+BOUND_GPU, BOUND = bound(GPU), bound(PLACED)
+ALLOCATED = annotate(BOUND, {"ALIYUN_COM_GPU_MEM_ASSIGNED": "true", "gpushare.io/allocation": "{}"})
+
+
+@pytest.mark.parametrize(
+    ("case", "new", "old", "node", "denied"),
+    [
+        ("plugin of the pod's node records the allocation", ALLOCATED, BOUND, "n1", None),
+        ("plugin of another node", ALLOCATED, BOUND, "n2", "of node n2 changed"),
+        ("plugin token that names no node", ALLOCATED, BOUND, None, "with a token that names no node"),
+        ("plugin moves the GPU", annotate(BOUND, {IDX: "1"}), BOUND, "n1", "changed ALIYUN_COM_GPU_MEM_IDX, but"),
+        ("plugin removes the placement", annotate(BOUND, {IDX: None}), BOUND, "n1", "changed ALIYUN_COM_GPU_MEM_IDX"),
+        ("plugin adds a missing placement (node-local)", annotate(BOUND_GPU, {IDX: "0"}), BOUND_GPU, "n1", None),
+        ("plugin edits the intent", annotate(BOUND, {INTENT: "{}"}), BOUND, "n1", "changed gpushare.io/intent"),
+        ("plugin on a pod not bound yet", annotate(PLACED, {"ALIYUN_COM_GPU_MEM_ASSIGNED": "true"}), PLACED, "n1",
+         "not bound to any node"),
+    ],
+)
+def test_the_plugin_identity_writes_only_its_job_on_its_node(case: str, new: Pod, old: Pod, node: str | None,
+                                                             denied: str | None) -> None:
+    messages = admit("gpushare-reserved-annotations", "UPDATE", copy.deepcopy(new), old, user=PLUGIN, node=node)
+    if denied is None:
+        assert not messages, f"{case}: {messages}"
+    else:
+        assert messages and denied in " ".join(messages), f"{case}: {messages}"
+
+
 @pytest.mark.parametrize(
     ("case", "operation", "new", "old", "user", "subresource", "denied"),
     [
@@ -106,14 +141,14 @@ INTENT = Contract().intent_key
          "are reserved"),
         ("stamped pod at CREATE", "CREATE", GPU, None, USER, "", None),
         ("status update moves the GPU", "UPDATE", annotate(PLACED, {IDX: "1"}), PLACED, "system:node:n1", "status",
-         "system:node:n1 changed a reserved annotation"),
+         "system:node:n1 changed ALIYUN_COM_GPU_MEM_IDX, a reserved annotation"),
         ("status update gives a plain pod a placement", "UPDATE", annotate(pod(container("a")), {IDX: "1"}),
-         pod(container("a")), "operator", "status", "operator changed a reserved annotation"),
+         pod(container("a")), "operator", "status", "operator changed ALIYUN_COM_GPU_MEM_IDX, a reserved"),
         ("status update removes the allocation state", "UPDATE", annotate(PLACED, {IDX: None}), PLACED, USER,
-         "status", "changed a reserved annotation"),
+         "status", "changed ALIYUN_COM_GPU_MEM_IDX, a reserved annotation"),
         ("extender writes the placement", "UPDATE", PLACED, GPU, EXTENDER, "", None),
-        ("plugin marks the pod assigned", "UPDATE", annotate(PLACED, {"ALIYUN_COM_GPU_MEM_ASSIGNED": "true"}),
-         PLACED, PLUGIN, "", None),
+        ("plugin marks the pod assigned", "UPDATE", annotate(BOUND, {"ALIYUN_COM_GPU_MEM_ASSIGNED": "true"}),
+         BOUND, PLUGIN, "", None),
         ("extender edits the intent", "UPDATE", annotate(GPU, {INTENT: "{}"}), GPU, EXTENDER, "",
          "stamped once at creation"),
         ("status update that leaves annotations alone", "UPDATE", PLACED, PLACED, "system:node:n1", "status", None),
@@ -123,7 +158,7 @@ INTENT = Contract().intent_key
 def test_reserved_annotations_policy(case: str, operation: str, new: Pod, old: Pod | None, user: str,
                                      subresource: str, denied: str | None) -> None:
     messages = admit("gpushare-reserved-annotations", operation, copy.deepcopy(new), old, user=user,
-                     subresource=subresource)
+                     subresource=subresource, node="n1" if user == PLUGIN else None)
     if denied is None:
         assert not messages, f"{case}: {messages}"
     else:

@@ -87,6 +87,7 @@ class Plugin:
                 s.pod_resources_socket, s.kubelet_checkpoint, s.contract.resource, s.rpc_timeout_seconds
             )
         self.service = Service(s, self.inventory, self.api, self.holdings, self.public_key, cdi=CdiStore(s.cdi_dir))
+        self.service.remember_pins()  # before serving: a container restarted now keeps the GPU it had
         os.makedirs(s.device_plugin_dir, exist_ok=True)
         registered = True
         try:

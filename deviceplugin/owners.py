@@ -8,7 +8,8 @@ from typing import Protocol
 
 from deviceplugin.apiserver import ApiServer, ApiServerError
 from deviceplugin.kubelet import KubeletUnavailable
-from deviceplugin.resolve import Holding, Owner, Refusal, find_owner, other_holders
+from deviceplugin.resolve import Holding, Owner, find_owner, other_holders
+from deviceplugin.trust import Refusal
 
 log = logging.getLogger(__name__)
 

@@ -1,63 +1,11 @@
-"""What this node's GPUs already carry by the pods' annotations, best-fit placement, preferred device IDs (pure)."""
+"""Best-fit placement on this node's GPUs and the device IDs the plugin prefers to hand out (pure)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
 
 from deviceplugin.inventory import Gpu
-from webhook.protocol import Assignment, Intent, ProtocolError, demand_of, parse_assignment, pod_ref, read_annotations
-
-TERMINAL_PHASES = ("Succeeded", "Failed")
-
-
-def live_on_node(pod: Mapping[str, Any], node_name: str) -> bool:
-    return (pod.get("spec") or {}).get("nodeName") == node_name and (pod.get("status") or {}).get(
-        "phase"
-    ) not in TERMINAL_PHASES
-
-
-def promised_units(pod: Mapping[str, Any], resource: str) -> tuple[int | None, int]:
-    """(GPU index, units) a pod holds by its annotations; index None when it is not placed."""
-    try:
-        assignment: Assignment = parse_assignment(read_annotations(pod))
-    except ProtocolError:
-        return None, 0
-    if assignment.index is None:
-        return None, 0
-    if assignment.pod_units is not None:
-        return assignment.index, assignment.pod_units
-    try:
-        return assignment.index, demand_of(pod, resource).total
-    except ProtocolError:
-        return assignment.index, 0
-
-
-def usage_by_gpu(
-    pods: Sequence[Mapping[str, Any]], node_name: str, resource: str, exclude_uid: str = ""
-) -> dict[int, int]:
-    used: dict[int, int] = {}
-    for pod in pods:
-        if not live_on_node(pod, node_name) or (pod.get("metadata") or {}).get("uid") == exclude_uid:
-            continue
-        index, units = promised_units(pod, resource)
-        if index is not None:
-            used[index] = used.get(index, 0) + units
-    return used
-
-
-def usage_on_gpu(
-    pods: Sequence[Mapping[str, Any]], node_name: str, index: int, exclude_uid: str, resource: str
-) -> tuple[int, list[str]]:
-    used, users = 0, []
-    for pod in pods:
-        if not live_on_node(pod, node_name) or (pod.get("metadata") or {}).get("uid") == exclude_uid:
-            continue
-        gpu_index, units = promised_units(pod, resource)
-        if gpu_index == index and units:
-            used += units
-            users.append(f"{pod_ref(pod)} ({units})")
-    return used, users
+from webhook.protocol import Assignment, Intent
 
 
 def best_fit(gpus: Sequence[Gpu], used: Mapping[int, int], need: int, healthy: Callable[[int], bool]) -> Gpu | None:

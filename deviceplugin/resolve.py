@@ -1,18 +1,17 @@
-"""Exact resolution of device IDs to the pod that holds them, validation of that pod, and best-fit placement."""
+"""Exact resolution of device IDs to the pod that holds them, validation of that pod, and Allocate candidates."""
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-
 from deviceplugin.inventory import Gpu
-from deviceplugin.placement import live_on_node, usage_on_gpu
-from webhook import signing
+from deviceplugin.pins import moved
+from deviceplugin.trust import Context, Refusal, stamped_intent
+from deviceplugin.usage import live_on_node, node_usage
 from webhook.protocol import (
     ASSIGNED,
     DEV,
@@ -20,16 +19,13 @@ from webhook.protocol import (
     Allocation,
     Assignment,
     ContainerSlot,
-    Contract,
     Intent,
     ProtocolError,
     allocation_problems,
     assignment_problems,
     demand_of,
-    intent_mismatch,
     parse_allocation,
     parse_assignment,
-    parse_intent,
     pod_ref,
     read_annotations,
 )
@@ -38,15 +34,6 @@ from webhook.protocol import (
 def slot_of(device_ids: Iterable[str]) -> str:
     """The slot of a device-ID set: stable whatever the order the kubelet lists the IDs in."""
     return hashlib.sha256("\n".join(sorted(device_ids)).encode()).hexdigest()[:16]
-
-
-class Refusal(Exception):
-    """The plugin will not serve these devices; the text names the pod and container and says what to do."""
-
-    def __init__(self, message: str, reason: str = "GpuShareRefused") -> None:
-        super().__init__(message)
-        self.message = message
-        self.reason = reason
 
 
 @dataclass(frozen=True)
@@ -139,16 +126,6 @@ def _short(device_ids: Sequence[str]) -> str:
 
 
 @dataclass(frozen=True)
-class Context:
-    contract: Contract
-    node_name: str
-    public_key: Ed25519PublicKey
-    gpus: Mapping[int, Gpu]
-    healthy: Callable[[int], bool]
-    placement: str = "extender"
-
-
-@dataclass(frozen=True)
 class Accepted:
     ref: str
     intent: Intent
@@ -162,34 +139,6 @@ class Accepted:
 class NeedsPlacement:
     ref: str
     intent: Intent
-
-
-def stamped_intent(pod: Mapping[str, Any], ctx: Context, who: str) -> Intent:
-    """The pod's intent, only if the webhook's signature verifies and it describes the pod's spec."""
-    annotations = read_annotations(pod)
-    namespace = str((pod.get("metadata") or {}).get("namespace") or "")
-    key, sig_key = ctx.contract.intent_key, ctx.contract.signature_key
-    if key not in annotations:
-        raise Refusal(
-            f"{who} has no {key} annotation, so the gpushare webhook did not admit it; install the webhook "
-            "(check its namespaceSelector and failurePolicy) and recreate the pod",
-            reason="GpuShareNoIntent",
-        )
-    signature = annotations.get(sig_key, "")
-    if not signature or not signing.verify(ctx.public_key, annotations[key], namespace, signature):
-        raise Refusal(
-            f"{who} has an intent whose signature does not verify; recreate the pod through the gpushare webhook, "
-            "and check that GPUSHARE_VERIFY_KEY holds the public key of the webhook's signing key",
-            reason="GpuShareBadSignature",
-        )
-    try:
-        intent = parse_intent(annotations[key], key)
-    except ProtocolError as exc:
-        raise Refusal(f"{who} has an unreadable intent: {exc}", reason="GpuShareBadIntent") from exc
-    mismatch = intent_mismatch(intent, pod, ctx.contract)
-    if mismatch:
-        raise Refusal(f"{who} does not match its intent: {mismatch}; recreate the pod", reason="GpuShareBadIntent")
-    return intent
 
 
 def _assigned_gpu(assignment: Assignment, ctx: Context, who: str) -> Gpu:
@@ -260,6 +209,11 @@ def validate(
         assignment = parse_assignment(annotations)
     except ProtocolError as exc:
         raise Refusal(f"{who} has a bad assignment: {exc}", reason="GpuShareBadAssignment") from exc
+    uid = str((pod.get("metadata") or {}).get("uid") or "")
+    pin = ctx.pins.get(uid) if uid else None
+    move = moved(pin, assignment.index, None, who, ctx.node_name) if pin else None
+    if move:
+        raise Refusal(move, reason="GpuShareMoved")
     problems = assignment_problems(intent, assignment)
     if problems:
         raise Refusal(f"{who} has a bad assignment: {'; '.join(problems)}", reason="GpuShareBadAssignment")
@@ -272,9 +226,11 @@ def validate(
             reason="GpuShareNotPlaced",
         )
     gpu = _assigned_gpu(assignment, ctx, who)
+    move = moved(pin, gpu.index, gpu.uuid, who, ctx.node_name) if pin else None
+    if move:  # the same index on another GPU: the inventory changed under a running pod
+        raise Refusal(move, reason="GpuShareMoved")
     slot = slot_of(device_ids)
-    uid = str((pod.get("metadata") or {}).get("uid") or "")
-    used, users = usage_on_gpu(others, ctx.node_name, gpu.index, uid, ctx.contract.resource)
+    used, users = node_usage(others, ctx, exclude_uid=uid).on(gpu.index)
     if used + intent.total > gpu.memory_units:
         raise Refusal(
             f"{who} needs {intent.total} {unit} on GPU {gpu.index}, but {used} of its {gpu.memory_units} {unit} "

@@ -17,20 +17,15 @@ from deviceplugin.apiserver import ApiServer, ApiServerError, Conflict
 from deviceplugin.cdi import CdiStore, present, write_atomically
 from deviceplugin.inventory import Inventory
 from deviceplugin.kubelet import KubeletUnavailable
+from deviceplugin.nodeplace import NodePlacer
 from deviceplugin.owners import Holdings, Owners, PluginError
-from deviceplugin.placement import best_fit, placement_annotations, preferred_devices, usage_by_gpu
-from deviceplugin.resolve import (
-    Accepted,
-    Context,
-    NeedsPlacement,
-    Owner,
-    Refusal,
-    allocation_candidates,
-    slot_of,
-    validate,
-)
+from deviceplugin.pins import Pin
+from deviceplugin.placement import preferred_devices
+from deviceplugin.resolve import Accepted, NeedsPlacement, Owner, allocation_candidates, slot_of, validate
 from deviceplugin.settings import PluginSettings
-from webhook.protocol import IDX, Intent, pod_ref
+from deviceplugin.trust import Context, Refusal
+from deviceplugin.usage import recorded_pin
+from webhook.protocol import IDX, pod_ref
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +53,8 @@ class Service:
         self._handed: dict[str, int] = {}  # device ID -> the Allocate that last handed it out (a counter)
         self._allocations = itertools.count(1)
         self._lock = threading.Lock()
-        self._place_lock = threading.Lock()
-        self._in_flight: dict[str, tuple[int, int]] = {}  # pod uid -> (GPU index, units) placed here
+        self.pins = self.context.pins
+        self.placer = NodePlacer(api, inventory, self.context)
 
     # -- Allocate ----------------------------------------------------------------------------------------
 
@@ -149,11 +144,12 @@ class Service:
             try:
                 verdict = self._validate(pod, owner, device_ids)
                 if isinstance(verdict, NeedsPlacement):
-                    self._place(pod, verdict.intent)
+                    self.placer.place(pod, verdict.intent)
                     continue
                 self._deliver(pod, owner, verdict, len(device_ids))
                 if verdict.patch:
                     self._record(pod, verdict)
+                self.pins.hold(str(pod["metadata"].get("uid")), Pin(verdict.gpu.index, verdict.gpu.uuid))
                 log.info("PreStartContainer: pod %s container(s) %s get GPU %s (slot %s)",
                          verdict.ref, ",".join(owner.containers), verdict.gpu.index, verdict.slot)
                 return verdict
@@ -242,44 +238,33 @@ class Service:
             f"{self.settings.node_name}: containers {containers}.",
         )
 
-    def _place(self, pod: Mapping[str, Any], intent: Intent) -> None:
-        """Node-local placement (cdi mode): best fit over what this node's pods already hold, one at a time."""
-        meta = pod["metadata"]
-        uid = str(meta.get("uid"))
-        with self._place_lock:
-            pods = self.api.list_node_pods()
-            used = usage_by_gpu(pods, self.settings.node_name, self.contract.resource, exclude_uid=uid)
-            unplaced = {p["metadata"].get("uid") for p in pods if IDX not in (p["metadata"].get("annotations") or {})}
-            for other, (index, units) in list(self._in_flight.items()):
-                if other == uid or other not in unplaced:
-                    del self._in_flight[other]  # visible in the listing now, or gone
-                else:
-                    used[index] = used.get(index, 0) + units
-            gpu = best_fit(self.inventory.gpus, used, intent.total, self.inventory.healthy)
-            if gpu is None:
-                free = ", ".join(f"GPU {g.index}: {g.memory_units - used.get(g.index, 0)}" for g in self.inventory.gpus)
-                raise Refusal(
-                    f"pod {pod_ref(pod)} needs {intent.total} {self.contract.unit} on one GPU but no GPU of node "
-                    f"{self.settings.node_name} has that much room (free {self.contract.unit}: {free}); delete "
-                    "pods or recreate this one so it lands on another node", reason="GpuShareNoRoom",
-                )
-            annotations = placement_annotations(gpu, intent, time.time_ns())
-            self.api.patch_pod_annotations(meta["namespace"], meta["name"], annotations, meta["resourceVersion"])
-            self._in_flight[uid] = (gpu.index, intent.total)
-        log.info("placed pod %s on GPU %s of this node (best fit)", pod_ref(pod), gpu.index)
-
     def _event(self, pod: Mapping[str, Any], event_type: str, reason: str, message: str) -> None:
         try:
             self.api.create_event(pod, event_type, reason, message)
         except ApiServerError as exc:
             log.warning("could not post Event %s on pod %s: %s", reason, pod_ref(pod), exc)
 
-    # -- garbage collection ----------------------------------------------------------------------------
+    # -- pins and garbage collection ---------------------------------------------------------------------
+
+    def remember_pins(self) -> None:
+        """Pin the pods this node's plugin allocated before it (re)started, from their allocation records, and
+        forget the pins of pods that are gone; at start and with every garbage collection."""
+        try:
+            pods = self.api.list_node_pods()
+        except ApiServerError as exc:
+            log.info("pins not refreshed (each pod is pinned at its next container start): %s", exc)
+            return
+        for pod in pods:
+            pin = recorded_pin(pod, self.context)
+            if pin is not None:
+                self.pins.hold(str(pod["metadata"].get("uid")), pin)
+        self.pins.keep_only({str((p.get("metadata") or {}).get("uid")) for p in pods})
 
     def collect_garbage(self) -> list[str]:
         """Forget slots and remove CDI specs whose devices the kubelet no longer assigns to any container: neither
         PodResources (app and sidecar containers) nor the checkpoint (init containers too) lists them, and no
         Allocate answered them within the grace period."""
+        self.remember_pins()
         try:
             held = [*self.kubelet.holdings(), *self.kubelet.from_checkpoint()]
         except KubeletUnavailable as exc:

@@ -11,14 +11,12 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from deviceplugin.inventory import Gpu, Inventory
-from deviceplugin.placement import best_fit, preferred_devices, usage_by_gpu
+from deviceplugin.placement import best_fit, preferred_devices
 from deviceplugin.resolve import (
     Accepted,
-    Context,
     Holding,
     NeedsPlacement,
     Owner,
-    Refusal,
     allocation_candidates,
     find_owner,
     holdings_from_checkpoint,
@@ -26,6 +24,7 @@ from deviceplugin.resolve import (
     slot_of,
     validate,
 )
+from deviceplugin.trust import Context, Refusal
 from tests.deviceplugin.fakes import NODE, assign, spec_pod, stamped
 from webhook import signing
 from webhook.protocol import ASSIGNED, DEV, IDX, POD, Contract, parse_allocation
@@ -329,17 +328,6 @@ def test_best_fit(used: dict[int, int], need: int, unhealthy: set[int], expected
 def test_preferred_devices(must: list[str], size: int, handed: dict[str, int], expected: list[str]) -> None:
     available = ["b-1", "a-2", "b-0", "a-0", "a-1"]
     assert preferred_devices(available, must, size, handed) == expected
-
-
-def test_usage_counts_live_placed_pods_on_this_node(signer: Ed25519PrivateKey, contract: Contract) -> None:
-    pods = [
-        bound(assign(stamped(spec_pod("a", {"m": 3}), contract, signer), 0, 8), uid="a"),
-        bound(assign(stamped(spec_pod("b", {"m": 2}), contract, signer), 1, 8), uid="b"),
-        bound(assign(stamped(spec_pod("c", {"m": 1}), contract, signer), 1, 8), uid="c"),
-        bound(stamped(spec_pod("d", {"m": 5}), contract, signer), uid="d"),
-    ]
-    assert usage_by_gpu(pods, NODE, "aliyun.com/gpu-mem") == {0: 3, 1: 3}
-    assert usage_by_gpu(pods, NODE, "aliyun.com/gpu-mem", exclude_uid="b") == {0: 3, 1: 1}
 
 
 def test_allocation_candidates(inventory: Inventory, signer: Ed25519PrivateKey, contract: Contract) -> None:

@@ -1,0 +1,58 @@
+"""The GPU each pod was first allocated on this node, by pod UID: a pod never moves to another GPU (pure)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+
+from webhook.protocol import IDX
+
+
+@dataclass(frozen=True)
+class Pin:
+    index: int
+    uuid: str
+
+
+class Pins:
+    """The first GPU recorded for each pod UID. A status update can rewrite a bound pod's IDX together with a
+    matching allocation record; a restarted container must still see the GPU it started on, since its memory
+    is booked there, so a later change is refused instead of followed."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_uid: dict[str, Pin] = {}
+
+    def get(self, uid: str) -> Pin | None:
+        with self._lock:
+            return self._by_uid.get(uid)
+
+    def hold(self, uid: str, pin: Pin) -> Pin:
+        """Pin `uid` to `pin` unless it is pinned already; the pin in force is returned."""
+        with self._lock:
+            return self._by_uid.setdefault(uid, pin)
+
+    def keep_only(self, uids: Collection[str]) -> None:
+        """Forget the pods that are gone (their UIDs never come back)."""
+        with self._lock:
+            for uid in [u for u in self._by_uid if u not in uids]:
+                del self._by_uid[uid]
+
+    def indices(self) -> Mapping[str, int]:
+        with self._lock:
+            return {uid: pin.index for uid, pin in self._by_uid.items()}
+
+
+def moved(pin: Pin, index: int | None, uuid: str | None, who: str, node: str) -> str | None:
+    """Why a pod pinned to `pin` may not start on GPU `index` (`uuid`), or None when it is the same GPU."""
+    if index == pin.index and uuid in (None, pin.uuid):
+        return None
+    now = f"names GPU {index}" if index is not None else "names no GPU"
+    if index == pin.index:
+        now = f"names GPU {index}, which is now {uuid}"
+    return (
+        f"{who} was allocated GPU {pin.index} ({pin.uuid}) of node {node}, but its {IDX} annotation or allocation "
+        f"record now {now}; a pod never moves to another GPU once allocated, so the container is not started; "
+        f"set {IDX} and the allocation record back to GPU {pin.index}, or delete the pod and create it again"
+    )

@@ -12,6 +12,8 @@ import threading
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+from deviceplugin import deadline
+
 log = logging.getLogger(__name__)
 
 COMPONENT = "gpushare-device-plugin"
@@ -183,8 +185,11 @@ class KubeApiServer:
     def _call(self, what: str, method: Any, *args: Any, **kwargs: Any) -> Any:
         from kubernetes.client.exceptions import ApiException
 
+        timeout = deadline.left(self.timeout)
+        if timeout <= 0:
+            raise ApiServerError(f"could not {what}: the kubelet call it serves has run out of time")
         try:
-            return method(*args, _preload_content=False, _request_timeout=self.timeout, **kwargs)
+            return method(*args, _preload_content=False, _request_timeout=timeout, **kwargs)
         except ApiException as exc:
             if exc.status == 404:
                 raise _NotFound(f"could not {what}: it does not exist (404 Not Found)") from exc

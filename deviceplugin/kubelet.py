@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 import grpc
 
+from deviceplugin import deadline
 from deviceplugin.api import deviceplugin_pb2, deviceplugin_pb2_grpc, podresources_pb2, podresources_pb2_grpc
 from deviceplugin.dirwatch import EVERYTHING, DirWatch
 from deviceplugin.resolve import Holding, holdings_from_checkpoint
@@ -68,7 +69,8 @@ class KubeletHoldings:
             raise KubeletUnavailable(f"the PodResources socket {self.socket} does not exist")
         for attempt in range(_EXHAUSTED_RETRIES):
             try:
-                response = self._stub().List(podresources_pb2.ListPodResourcesRequest(), timeout=self.timeout)
+                wait = deadline.left(self.timeout)  # never longer than the kubelet call being answered
+                response = self._stub().List(podresources_pb2.ListPodResourcesRequest(), timeout=wait)
                 break
             except grpc.RpcError as exc:
                 code = exc.code()

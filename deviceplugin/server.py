@@ -7,11 +7,13 @@ import contextlib
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 import grpc
 
+from deviceplugin import deadline
 from deviceplugin.api import deviceplugin_pb2 as pb
 from deviceplugin.api import deviceplugin_pb2_grpc
 from deviceplugin.inventory import Inventory
@@ -21,6 +23,10 @@ from deviceplugin.service import Service
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+# Kubelet calls answered at once. A call whose API requests hang holds a worker until its deadline
+# (GPUSHARE_RPC_TIMEOUT_SECONDS, below the kubelet's 30 s for PreStartContainer); the kubelet starts the
+# containers of many pods at once, so the pool outlasts a burst of hung calls and healthy ones still find a worker.
+CALL_WORKERS = 64
 OPTIONS = pb.DevicePluginOptions(pre_start_required=True, get_preferred_allocation_available=True)
 
 
@@ -31,18 +37,22 @@ class DevicePluginServicer(deviceplugin_pb2_grpc.DevicePluginServicer):
         self.stop = stop
         self.timeout = timeout
         # The kubelet waits forever for Allocate while it admits pods one at a time: bound every answer.
-        self._workers = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="kubelet-call")
+        self._workers = concurrent.futures.ThreadPoolExecutor(CALL_WORKERS, thread_name_prefix="kubelet-call")
 
     def close(self) -> None:
         self._workers.shutdown(wait=False, cancel_futures=True)
 
     def _bounded(self, call: str, context: grpc.ServicerContext, work: Callable[[], T]) -> T:
-        future = self._workers.submit(work)
+        # The deadline runs from the call's arrival, and every API and PodResources request the work makes is cut
+        # to what is left of it, so a worker whose requests hang is free again when its call has been answered.
+        until = time.monotonic() + self.timeout
+        future = self._workers.submit(deadline.run_until, until, work)
         try:
             return future.result(timeout=self.timeout)
         except PluginError as exc:
             context.abort(getattr(grpc.StatusCode, exc.code), exc.message)
         except concurrent.futures.TimeoutError:
+            future.cancel()  # still queued: never start work whose answer nobody waits for
             context.abort(
                 grpc.StatusCode.DEADLINE_EXCEEDED,
                 f"the gpushare device plugin could not answer {call} within {self.timeout:g} s "
@@ -106,7 +116,9 @@ def serve(servicer: DevicePluginServicer, socket_path: str) -> grpc.Server:
     """Serve the DevicePlugin service on a unix socket (a stale socket file is removed first)."""
     with contextlib.suppress(FileNotFoundError):
         os.unlink(socket_path)
-    server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="grpc"))
+    # One gRPC thread waits on each call in flight, plus ListAndWatch streams and the calls answered inline.
+    threads = concurrent.futures.ThreadPoolExecutor(max_workers=CALL_WORKERS + 8, thread_name_prefix="grpc")
+    server = grpc.server(threads)
     deviceplugin_pb2_grpc.add_DevicePluginServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
     server.add_insecure_port("unix://" + socket_path)
     server.start()

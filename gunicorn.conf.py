@@ -17,20 +17,26 @@ except SettingsError as _exc:
 
 wsgi_app = "webhook.app:create_app_from_env()"
 bind = [_settings.bind]
-worker_class = "gthread"
+# An asyncio front per process bounds the TLS handshake, the headers and the body (GPUSHARE_READ_DEADLINE_SECONDS
+# each) and hands whole requests to `threads` app threads: a stalled client holds a socket, never a thread.
+# Measured in bench/bench_stalled_clients.py against gthread, which 8 stalled clients stop.
+worker_class = "webhook.worker.WebhookWorker"
 workers = _settings.workers
 threads = _settings.threads
-# The API server waits at most timeoutSeconds (1-30 s, default 10) for an answer; a stuck worker is recycled.
+# Connections one process holds at most, stalled ones included; more are refused with a log line.
+worker_connections = 1000
+# The API server waits at most timeoutSeconds (1-30 s, default 10) for an answer; a worker whose event loop stops
+# turning for this long is replaced.
 timeout = 30
 graceful_timeout = 10
+# How long a kept-alive connection may stay idle between two requests.
 keepalive = 30
 loglevel = _settings.log_level.lower()
 accesslog = None
 errorlog = "-"
 certfile = _settings.tls_cert
 keyfile = _settings.tls_key
-# Bodies over this size are refused by the app with a 400 (GPUSHARE_MAX_BODY_BYTES); headers stay small.
-limit_request_field_size = 16384
+# Bodies over GPUSHARE_MAX_BODY_BYTES are refused by the app with a 400; headers over 16 KiB by the front (431).
 # No gunicornc control socket: it defaults to one path per user ($HOME/.gunicorn), which a read-only root file
 # system cannot hold and which two servers on one machine would fight over.
 control_socket_disable = True

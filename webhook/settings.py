@@ -38,6 +38,13 @@ def positive_int(text: str) -> int:
     return value
 
 
+def deadline_seconds(text: str) -> float:
+    value = float(text)
+    if not 0 < value <= 30:  # the API server's longest webhook timeoutSeconds
+        raise ValueError("must be more than 0 and at most 30")
+    return value
+
+
 def identity_list(text: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in text.split(",") if part.strip())
 
@@ -80,6 +87,8 @@ class Settings:
     max_body_bytes: int
     workers: int
     threads: int
+    # Bound of the TLS handshake, of the request headers and of the body, each (webhook/worker.py).
+    read_deadline_seconds: float
     log_level: str
 
     @property
@@ -111,6 +120,9 @@ def settings_from(env: Mapping[str, str]) -> Settings:
         ),
         workers=env_parsed(env, "GPUSHARE_WORKERS", "2", positive_int, "a positive integer"),
         threads=env_parsed(env, "GPUSHARE_THREADS", "4", positive_int, "a positive integer"),
+        read_deadline_seconds=env_parsed(
+            env, "GPUSHARE_READ_DEADLINE_SECONDS", "2", deadline_seconds, "a number of seconds from 0 to 30"
+        ),
         log_level=log_level,
     )
 

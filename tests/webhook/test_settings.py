@@ -14,6 +14,7 @@ def test_defaults() -> None:
     assert s.trusted_identities == (DEFAULT_EXTENDER, DEFAULT_PLUGIN)
     assert s.max_gpu_units == 192
     assert s.bind == "127.0.0.1:8443"
+    assert s.read_deadline_seconds == 2.0
 
 
 def test_mib_unit_scales_the_default_largest_gpu() -> None:
@@ -34,6 +35,9 @@ def test_identity_lists_are_comma_separated() -> None:
         ({"GPUSHARE_MAX_BODY_BYTES": "1e6"}, "GPUSHARE_MAX_BODY_BYTES='1e6'"),
         ({"GPUSHARE_UNIT": "TB"}, "unit 'TB' is not supported"),
         ({"GPUSHARE_DELIVERY": "pci"}, "GPUSHARE_DELIVERY"),
+        ({"GPUSHARE_READ_DEADLINE_SECONDS": "0"}, "GPUSHARE_READ_DEADLINE_SECONDS='0' is not valid: must be more"),
+        ({"GPUSHARE_READ_DEADLINE_SECONDS": "31"}, "GPUSHARE_READ_DEADLINE_SECONDS='31'"),
+        ({"GPUSHARE_READ_DEADLINE_SECONDS": "nan"}, "GPUSHARE_READ_DEADLINE_SECONDS='nan'"),
         ({"GPUSHARE_LOG_LEVEL": "chatty"}, "GPUSHARE_LOG_LEVEL='CHATTY' is not valid"),
     ],
 )

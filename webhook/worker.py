@@ -1,0 +1,209 @@
+"""gunicorn worker for the webhook: an asyncio front that bounds every read, and a thread pool for the app.
+
+gunicorn's gthread worker gives each connection a thread from the moment its first byte arrives, and reads the
+TLS handshake, the headers and the body with no deadline: a few clients that stop mid-request hold every thread
+of a replica. Here one event loop per process owns every connection: the handshake, the headers and the body are
+each read under GPUSHARE_READ_DEADLINE_SECONDS, costing no thread while they wait, and only a whole request is
+handed to the WSGI app on one of GPUSHARE_THREADS threads. A stalled client costs a socket, never a thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import ssl
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from gunicorn import sock as gunicorn_sock
+from gunicorn.workers import base
+
+from webhook import http1
+from webhook.settings import from_environ
+
+log = logging.getLogger(__name__)
+
+# Between two "connection limit reached" warnings of one process: a flood must not flood the log too.
+_WARN_EVERY = 10.0
+_ERRORS = (OSError, EOFError, asyncio.IncompleteReadError, ssl.SSLError)
+
+
+def _peer(writer: asyncio.StreamWriter) -> tuple[str, int]:
+    peer = writer.get_extra_info("peername")
+    return (str(peer[0]), int(peer[1])) if isinstance(peer, tuple) and len(peer) >= 2 else ("unknown", 0)
+
+
+class WebhookWorker(base.Worker):  # type: ignore[misc]  # gunicorn ships no type hints
+    """One asyncio loop per process: bounded TLS and request reads, whole requests to a thread pool."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        settings = from_environ()
+        self.limits = http1.Limits(settings.read_deadline_seconds, float(self.cfg.keepalive), settings.max_body_bytes)
+        self.max_connections: int = self.cfg.worker_connections
+        self.loop: asyncio.AbstractEventLoop  # made in init_process, in the worker process
+        self.pool: ThreadPoolExecutor | None = None
+        self.connections: set[asyncio.Task[None]] = set()
+        self.busy = 0
+        self.quick_exit = False
+        self._warned_at = 0.0
+
+    # gunicorn lifecycle ------------------------------------------------------------------------------------
+
+    def init_process(self) -> None:
+        self.loop = asyncio.new_event_loop()  # in the worker process: the arbiter must not hold one per worker
+        super().init_process()
+
+    def init_signals(self) -> None:
+        for sig in self.SIGNALS:
+            signal.signal(sig, signal.SIG_DFL)
+        self.loop.add_signal_handler(signal.SIGTERM, self._stop, False)
+        self.loop.add_signal_handler(signal.SIGINT, self._stop, True)
+        self.loop.add_signal_handler(signal.SIGQUIT, self._stop, True)
+        self.loop.add_signal_handler(signal.SIGUSR1, self.log.reopen_files)
+        self.loop.add_signal_handler(signal.SIGABRT, self._abort)
+
+    def _stop(self, quick: bool) -> None:
+        self.quick_exit = self.quick_exit or quick
+        self.alive = False
+
+    def _abort(self) -> None:
+        self.alive = False
+        self.cfg.worker_abort(self)
+        sys.exit(1)
+
+    def run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.pool = ThreadPoolExecutor(max_workers=self.cfg.threads, thread_name_prefix="webhook-app")
+        try:
+            self.loop.run_until_complete(self._serve())
+        finally:
+            self.pool.shutdown(wait=False, cancel_futures=True)
+            self.loop.close()
+
+    async def _serve(self) -> None:
+        servers = [
+            await asyncio.start_server(self._accepted, sock=listener.sock, limit=http1.MAX_HEADER_BYTES)
+            for listener in self.sockets
+        ]
+        while self.alive:
+            self.notify()  # the arbiter's heartbeat: a loop that stops turning gets this process replaced
+            if self.ppid != os.getppid():
+                log.info("The gunicorn arbiter is gone; this webhook worker stops.")
+                break
+            await asyncio.sleep(1.0)
+        for server in servers:
+            server.close()
+        deadline = time.monotonic() + (0 if self.quick_exit else self.cfg.graceful_timeout)
+        while self.busy and time.monotonic() < deadline:  # answers already being computed go out
+            self.notify()
+            await asyncio.sleep(0.05)
+        for task in list(self.connections):
+            task.cancel()
+        if self.connections:
+            await asyncio.wait(self.connections, timeout=1.0)
+
+    # connections -------------------------------------------------------------------------------------------
+
+    def _accepted(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Runs inside connection_made: no byte of the handshake can reach the plain-text reader before start_tls."""
+        if isinstance(writer.transport, asyncio.ReadTransport):
+            writer.transport.pause_reading()
+        if len(self.connections) >= self.max_connections:
+            writer.transport.abort()
+            now = time.monotonic()
+            if now - self._warned_at > _WARN_EVERY:
+                self._warned_at = now
+                log.warning("Refused connections: this webhook process already holds %s (gunicorn "
+                            "worker_connections); add replicas, or restrict who may connect with the "
+                            "network-policy overlay.", self.max_connections)
+            return
+        task = self.loop.create_task(self._connection(reader, writer))
+        self.connections.add(task)
+        task.add_done_callback(self.connections.discard)
+
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        client = _peer(writer)
+        graceful = False
+        try:
+            graceful = await self._exchange(reader, writer, client)
+        except asyncio.CancelledError:
+            pass  # the worker is stopping
+        except _ERRORS as exc:  # the client went away or broke TLS mid-request
+            log.debug("The connection from %s:%s ended: %r.", client[0], client[1], exc)
+        finally:
+            if graceful:
+                writer.close()  # TLS close_notify, bounded by asyncio's SSL shutdown timeout
+            else:
+                writer.transport.abort()
+
+    async def _exchange(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                        client: tuple[str, int]) -> bool:
+        """Serve requests until the client or the worker stops; True when the connection may close gracefully."""
+        seconds = self.limits.read_deadline
+        try:
+            # Our own bound: asyncio's ssl_handshake_timeout ends in an OSError that cannot be told from a reset.
+            async with asyncio.timeout(seconds):
+                await writer.start_tls(self.cfg_ssl_context())
+        except TimeoutError:
+            log.info("Closed the connection from %s:%s: its TLS handshake did not finish within %g s.",
+                     client[0], client[1], seconds)
+            return False
+        except (ssl.SSLError, OSError, EOFError) as exc:
+            log.debug("The TLS handshake with %s:%s failed: %s.", client[0], client[1], exc)
+            return False
+        server = writer.get_extra_info("sockname")
+        server_addr = (str(server[0]), int(server[1])) if isinstance(server, tuple) else ("localhost", 0)
+        first = True
+        while self.alive:
+            try:
+                req = await http1.read_request(reader, writer, self.limits, first=first)
+            except http1.Stalled as exc:
+                log.info("Closed the connection from %s:%s: %s.", client[0], client[1], exc)
+                return False
+            except (http1.BadRequest, asyncio.LimitOverrunError) as exc:
+                bad = exc if isinstance(exc, http1.BadRequest) else http1.BadRequest("a request line is too long")
+                log.warning("Refused a request from %s:%s: %s.", client[0], client[1], bad)
+                return await self._send(writer, http1.plain(bad.status, f"The request was refused: {bad}."))
+            if req is None:
+                return True
+            first = False
+            keep_alive = req.keep_alive and self.alive
+            answer = await self._answer(req, http1.environ(req, server_addr, client), keep_alive)
+            if not await self._send(writer, answer):
+                return False
+            if not keep_alive:
+                return True
+        return True
+
+    async def _answer(self, req: http1.Request, env: dict[str, Any], keep_alive: bool) -> bytes:
+        self.busy += 1
+        try:
+            status, headers, body = await self.loop.run_in_executor(self.pool, http1.call_app, self.wsgi, env)
+        except Exception:
+            log.exception("The webhook app failed on %s %s; answered 500.", req.method, req.target)
+            return http1.plain("500 Internal Server Error", "The webhook failed on this request; see its log.")
+        finally:
+            self.busy -= 1
+        return http1.response(status, headers, body, keep_alive=keep_alive, head=req.method == "HEAD")
+
+    async def _send(self, writer: asyncio.StreamWriter, data: bytes) -> bool:
+        """Write an answer; a client that does not read it within the read deadline is dropped."""
+        writer.write(data)
+        try:
+            async with asyncio.timeout(self.limits.read_deadline):
+                await writer.drain()
+        except TimeoutError:
+            log.info("Closed the connection from %s:%s: it did not read its answer within %g s.",
+                     *_peer(writer), self.limits.read_deadline)
+            return False
+        return True
+
+    def cfg_ssl_context(self) -> ssl.SSLContext:
+        """The context of gunicorn.conf.py's ssl_context hook, asked for each connection (certificate rotation)."""
+        context: ssl.SSLContext = gunicorn_sock.ssl_context(self.cfg)
+        return context

@@ -34,7 +34,7 @@ import ssl
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -148,9 +148,12 @@ def _wait_ready(hook: RunningWebhook, deadline: float) -> None:
 
 @contextmanager
 def webhook_server(
-    directory: Path, env: Mapping[str, str] | None = None, *, startup_timeout: float = 30.0
+    directory: Path, env: Mapping[str, str] | None = None, *, startup_timeout: float = 30.0,
+    gunicorn_args: Sequence[str] = (),
 ) -> Iterator[RunningWebhook]:
-    """Generate certificates into `directory`, run gunicorn over TLS there, yield it, always stop it."""
+    """Generate certificates into `directory`, run gunicorn over TLS there, yield it, always stop it.
+
+    `gunicorn_args` go after the configuration file (a benchmark's baseline: `-k gthread`)."""
     directory.mkdir(parents=True, exist_ok=True)
     write_files(directory, dev_bundle(datetime.datetime.now(datetime.UTC)))
     port = free_port()
@@ -168,7 +171,7 @@ def webhook_server(
     log_path = directory / "webhook.log"
     with log_path.open("wb") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "gunicorn", "-c", str(REPO / "gunicorn.conf.py")],
+            [sys.executable, "-m", "gunicorn", "-c", str(REPO / "gunicorn.conf.py"), *gunicorn_args],
             cwd=REPO, env=child_env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
     try:

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
+from e2e import gpushare
 from e2e.cluster import Cluster
-from e2e.kube import Kubectl
+from e2e.kube import Kubectl, KubeError, Rest
 from tests.e2e import workloads as w
 from webhook.protocol import IDX
 
@@ -60,3 +63,21 @@ def test_a_status_update_cannot_change_reserved_annotations(cluster: Cluster, ku
         ["patch", "pod", "status", "-n", namespace, "--subresource=status", "--type=merge", "-p", patch])
     assert code != 0 and "ALIYUN_COM_GPU_MEM_" in err, f"a status update moved the pod's GPU: {out}{err}"
     assert w.assigned_index(kubectl.json(["get", "pod", "status", "-n", namespace])) == w.assigned_index(pod)
+
+
+def test_the_plugin_identity_of_another_node_cannot_touch_this_nodes_pods(cluster: Cluster, kubectl: Kubectl,
+                                                                          namespace: str) -> None:
+    """One plugin identity for every node: a token bound to another Node names that node, and the policy lets it
+    write only pods bound there. The other node is a Node object without a kubelet."""
+    assert w.create(kubectl, namespace, w.pod("target", [w.container("main", w.image(cluster), 4)]))[0] == 0
+    w.wait_running(kubectl, namespace, 1, 120)
+    other = "gpushare-e2e-other-node"
+    if kubectl.run(["get", "node", other])[0] != 0:
+        kubectl.ok(["create", "-f", "-"], stdin=json.dumps({"apiVersion": "v1", "kind": "Node",
+                                                            "metadata": {"name": other}}))
+    token = gpushare.token(kubectl, *gpushare.PLUGIN_SA, node=other)
+    stranger = Rest(cluster.server, cluster.pki_dir / "ca.crt", token=token)
+    patch = {"metadata": {"annotations": {"gpushare.io/allocation": "{}"}}}
+    with pytest.raises(KubeError) as refused:
+        stranger.call("PATCH", f"/api/v1/namespaces/{namespace}/pods/target", patch, "application/merge-patch+json")
+    assert refused.value.status == 403 and f"of node {other} changed gpushare.io/allocation" in refused.value.message

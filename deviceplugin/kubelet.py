@@ -91,10 +91,14 @@ class KubeletHoldings:
 
     def from_checkpoint(self) -> list[Holding]:
         try:
-            with open(self.checkpoint) as handle:
-                text = handle.read()
+            with open(self.checkpoint, "rb") as handle:
+                data = handle.read()
         except OSError as exc:
             raise KubeletUnavailable(f"the kubelet checkpoint {self.checkpoint} cannot be read ({exc})") from exc
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise KubeletUnavailable(f"the kubelet checkpoint {self.checkpoint} is not UTF-8 text ({exc})") from exc
         try:
             return holdings_from_checkpoint(text, self.resource)
         except ValueError as exc:

@@ -101,8 +101,10 @@ def holdings_from_checkpoint(text: str, resource: str) -> list[Holding]:
     try:
         doc = json.loads(text)
         entries = doc["Data"]["PodDeviceEntries"] or []
-    except (ValueError, TypeError, KeyError) as exc:
+    except (ValueError, TypeError, KeyError, RecursionError) as exc:
         raise ValueError(f"the kubelet checkpoint is not the device manager's JSON ({exc!r})") from exc
+    if not isinstance(entries, list):
+        raise ValueError(f"the kubelet checkpoint's PodDeviceEntries is not a list ({type(entries).__name__})")
     out: list[Holding] = []
     for entry in entries:
         if not isinstance(entry, dict) or entry.get("ResourceName") != resource:

@@ -6,11 +6,13 @@ import json
 import os
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
 
+from deviceplugin.kubelet import KubeletHoldings, KubeletUnavailable
 from deviceplugin.resolve import slot_of
 from tests.deviceplugin.fakes import NODE, assign, spec_pod, stamped
 from tests.deviceplugin.rig import Rig, make_rig
@@ -332,3 +334,15 @@ def test_room_is_judged_on_a_fresh_list_before_refusing(rig: Rig) -> None:
     with pytest.raises(grpc.RpcError) as caught:
         rig.kubelet.start_container("team", "new", "main")
     assert "but 4 of its 8 GiB are already promised to team/p (4)" in (caught.value.details() or "")
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    (b"\xff\xfe{}", "is not UTF-8 text"),
+    (b'{"Data": {"PodDeviceEntries": 7}}', "PodDeviceEntries is not a list"),
+    (b"[" * 100_000, "is not the device manager's JSON"),
+])
+def test_an_unreadable_checkpoint_is_refused_with_a_reason(tmp_path: Path, content: bytes, message: str) -> None:
+    (tmp_path / "checkpoint").write_bytes(content)
+    reader = KubeletHoldings(str(tmp_path / "missing.sock"), str(tmp_path / "checkpoint"), "aliyun.com/gpu-mem", 1.0)
+    with pytest.raises(KubeletUnavailable, match=message):
+        reader.holdings()

@@ -137,7 +137,8 @@ def test_other_holders(owner: Owner, ids: list[str], expected: list[str]) -> Non
     assert other_holders(by_uid, ["d1"], Owner("team", "p2", "u2", ("init",))) == ["the pod with UID u1"]
 
 
-@pytest.mark.parametrize("text", ["", "{", "[]", '{"Data": 3}'])
+@pytest.mark.parametrize("text", ["", "{", "[]", '{"Data": 3}', '{"Data": {"PodDeviceEntries": 7}}',
+                                  '{"Data": {"PodDeviceEntries": "x"}}', "[" * 100_000 + "]" * 100_000])
 def test_checkpoint_garbage_is_an_error_not_a_guess(text: str) -> None:
     with pytest.raises(ValueError, match="checkpoint"):
         holdings_from_checkpoint(text, "aliyun.com/gpu-mem")

@@ -36,14 +36,27 @@ def field_value(pod: Mapping[str, Any], path: str) -> str:
     return str(simple.get(path) or "")
 
 
+# Every nvidia/cuda image sets these in its config (the NVIDIA container runtime then gives it every GPU).
+CUDA_IMAGE_ENV: dict[str, str] = {"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_DRIVER_CAPABILITIES": "compute,utility"}
+
+
+def image_env(image: str) -> dict[str, str]:
+    """The env of an image's config: a repository named `nvidia/cuda` (under any registry) has CUDA_IMAGE_ENV,
+    every other image none."""
+    head, _, last = image.split("@", 1)[0].rpartition("/")
+    repository = f"{head}/{last.split(':', 1)[0]}" if head else last.split(":", 1)[0]  # without tag or digest
+    return dict(CUDA_IMAGE_ENV) if repository == "nvidia/cuda" or repository.endswith("/nvidia/cuda") else {}
+
+
 def container_env(
     container: Mapping[str, Any], pod: Mapping[str, Any], allocate_envs: Sequence[Mapping[str, str]]
 ) -> list[tuple[str, str]]:
-    """The ordered env list handed to the runtime: device-plugin envs first, then the container's own env.
+    """The ordered env list handed to the runtime: the image's env first (containerd applies the image config,
+    then the CRI config over it), then the device-plugin envs, then the container's own env.
 
     Simplified: `$(VAR)` expansion and secret/configMap references are not modelled (the latter resolve to "").
     """
-    out: list[tuple[str, str]] = []
+    out: list[tuple[str, str]] = list(image_env(str(container.get("image", ""))).items())
     for envs in allocate_envs:
         out.extend(envs.items())
     for entry in container.get("env") or []:
@@ -177,13 +190,20 @@ class ContainerRun:
     annotations: dict[str, str]
     reason: str = ""  # the waiting reason when the start failed
     mounted: tuple[int, ...] | None = None  # the GPU a CDI-mounted file names (fake GPUs in cdi mode)
+    cdi_devices: tuple[str, ...] = ()  # the CDI device names the runtime injected
+    env_interface: bool = True  # whether the runtime read the container's own NVIDIA_VISIBLE_DEVICES
 
 
 def create_container(
     node: str, gpus: Sequence[Gpu], cdi_dir: str, pod: Mapping[str, Any], container: Mapping[str, Any], init: bool,
-    units: int, response: dp.ContainerAllocateResponse | None,
+    units: int, response: dp.ContainerAllocateResponse | None, env_interface: bool = True,
 ) -> ContainerRun:
-    """What the runtime does with one container of `pod` (as it is now): env, CDI edits, the NVIDIA hook."""
+    """What the runtime does with one container of `pod` (as it is now): env, CDI edits, the NVIDIA hook.
+
+    Without `env_interface` the runtime is set to ignore NVIDIA_VISIBLE_DEVICES of unprivileged containers
+    (`accept-nvidia-visible-devices-envvar-when-unprivileged = false`, the README's setting for cdi delivery): the
+    container's GPUs then come from its CDI devices' edits alone.
+    """
     meta = pod.get("metadata") or {}
     env = container_env(container, pod, [dict(response.envs)] if response is not None else [])
     reason, error = "", None
@@ -194,7 +214,7 @@ def create_container(
         edits = CdiEdits((), ())
         reason, error = "CreateContainerError", str(exc)
     final = last_wins([*env, *edits.env])
-    value = final.get("NVIDIA_VISIBLE_DEVICES")
+    value = (final if env_interface else last_wins(edits.env)).get("NVIDIA_VISIBLE_DEVICES")
     visible = visible_gpus(value, gpus)
     if error is None and visible.made_up:
         reason, error = "RunContainerError", (
@@ -203,4 +223,5 @@ def create_container(
     return ContainerRun(
         node, str(meta.get("namespace", "")), str(meta.get("name", "")), str(meta.get("uid", "")),
         str(container.get("name")), init, units, final, value, visible.gpus, visible.made_up, error is None, error,
-        {str(k): str(v) for k, v in (meta.get("annotations") or {}).items()}, reason, mounted_gpu(edits.mounts))
+        {str(k): str(v) for k, v in (meta.get("annotations") or {}).items()}, reason, mounted_gpu(edits.mounts),
+        tuple(names), env_interface)

@@ -332,7 +332,7 @@ class Kubelet:
             return ("ContainerCreating", "the pod is gone")
         response = entry.allocate_response() if entry is not None else None
         run = create_container(self.config.node, self.config.gpus, self.config.cdi_dir, current, container, init,
-                               units, response)
+                               units, response, self.config.env_interface)
         self.runs.append(run)
         return None if run.error is None else (run.reason, run.error)
 

@@ -32,6 +32,9 @@ class KubeletConfig:
     # Older kubelets cannot cancel an image pull: a pod deleted while pulling keeps its devices and stays
     # Pending (with a deletionTimestamp) until the pull ends. That window is where the reference plugin fails.
     cancel_pull: bool = False
+    # Whether the NVIDIA runtime honours NVIDIA_VISIBLE_DEVICES of unprivileged containers; cdi delivery runs with
+    # it off (README, Security), so a container's GPUs come from its CDI devices alone.
+    env_interface: bool = True
 
     @property
     def plugin_dir(self) -> str:

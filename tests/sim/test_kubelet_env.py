@@ -9,7 +9,17 @@ from typing import Any
 import pytest
 
 from deviceplugin.inventory import fake_gpus
-from tests.sim.container_env import CdiError, cdi_edits, container_env, field_value, last_wins, visible_gpus
+from tests.sim.container_env import (
+    CUDA_IMAGE_ENV,
+    CdiError,
+    cdi_edits,
+    container_env,
+    create_container,
+    field_value,
+    image_env,
+    last_wins,
+    visible_gpus,
+)
 from tests.sim.kubelet_grpc import TokenBucket
 
 GPUS = fake_gpus("2x8GiB", "node-a", "GiB")
@@ -50,6 +60,31 @@ def test_env_order_and_last_value_wins(plugin_envs: dict[str, str], container: l
     env = container_env({"name": "c", "env": container}, POD, [plugin_envs])
     assert list(env)[: len(plugin_envs)] == list(plugin_envs.items())
     assert last_wins(env) == expected
+
+
+@pytest.mark.parametrize(("image", "env"), [
+    ("nvidia/cuda:12.4.1-base-ubuntu22.04", CUDA_IMAGE_ENV),
+    ("registry.example/ns/nvidia/cuda:app-0", CUDA_IMAGE_ENV),
+    ("localhost:5000/nvidia/cuda@sha256:00", CUDA_IMAGE_ENV),
+    ("registry.example/ns/app:app-0", {}),
+    ("nvidia/cuda-like:1", {}),
+    ("", {}),
+])
+def test_image_env(image: str, env: dict[str, str]) -> None:
+    assert image_env(image) == env
+
+
+@pytest.mark.parametrize(("container_env_", "env_interface", "visible", "gpus"), [
+    ([], True, "all", (0, 1)),  # the image's env, read by the runtime
+    ([{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}], True, "void", ()),  # the webhook's entry comes last
+    ([], False, None, ()),  # a runtime set to ignore the variable
+])
+def test_an_image_env_selecting_every_gpu(container_env_: list[dict[str, Any]], env_interface: bool,
+                                          visible: str | None, gpus: tuple[int, ...], tmp_path: Path) -> None:
+    container = {"name": "c", "image": "nvidia/cuda:12", "env": container_env_}
+    run = create_container("node-a", GPUS, str(tmp_path), POD, container, False, 0, None, env_interface)
+    assert (run.visible, run.gpus, run.started) == (visible, gpus, True)
+    assert run.env["NVIDIA_DRIVER_CAPABILITIES"] == "compute,utility"
 
 
 @pytest.mark.parametrize(("value", "gpus", "made_up"), [

@@ -13,7 +13,7 @@ from webhook.protocol import DEFAULT_PREFIX, POD, ProtocolError, parse_allocatio
 
 @dataclass(frozen=True)
 class Violation:
-    kind: str  # wrong-gpu | made-up-device | overcommit | no-message | not-released
+    kind: str  # wrong-gpu | made-up-device | unrequested-gpu | overcommit | no-message | not-released
     pod: str
     message: str
 
@@ -93,6 +93,8 @@ def check(obs: Observation) -> list[Violation]:
             reported.add((run.pod_uid, run.container))
             out.append(Violation("made-up-device", ref, f"container {run.container!r} of pod {ref} on {run.node} "
                                  f"was handed NVIDIA_VISIBLE_DEVICES={run.visible!r}, which names no GPU"))
+        if run.started and not run.units:
+            out += _unrequested(run, ref)
         if not run.started or not run.units:
             continue
         current = alive.get(run.pod_uid)
@@ -115,6 +117,26 @@ def check(obs: Observation) -> list[Violation]:
     for uid in obs.deleted & alive.keys():
         out.append(Violation("not-released", _ref(alive[uid]), f"deleted pod {_ref(alive[uid])} is still there"))
     return out
+
+
+# What the NVIDIA runtime reads as "no GPU" (nvidia-container-toolkit): the variable unset, or `void`.
+_NO_GPU = (None, "void")
+
+
+def _unrequested(run: ContainerRun, ref: str) -> list[Violation]:
+    """A started container that requests no GPU memory must see no GPU: none from the runtime, no gpushare CDI
+    device or edit, and where the runtime reads the env, NVIDIA_VISIBLE_DEVICES absent or `void`."""
+    what = f"container {run.container!r} of pod {ref} on {run.node} requests no GPU memory but "
+    if run.gpus:
+        return [Violation("unrequested-gpu", ref, what + f"sees GPU {list(run.gpus)} "
+                          f"(NVIDIA_VISIBLE_DEVICES={run.visible!r})")]
+    if run.cdi_devices or run.mounted is not None:
+        return [Violation("unrequested-gpu", ref, what + f"was given the CDI devices {list(run.cdi_devices)}")]
+    value = run.env.get("NVIDIA_VISIBLE_DEVICES")
+    if run.env_interface and (value.strip() if value is not None else None) not in _NO_GPU:
+        return [Violation("unrequested-gpu", ref, what + f"has NVIDIA_VISIBLE_DEVICES={value!r}, which the "
+                          "runtime does not read as no GPU (only an absent variable or 'void' is)")]
+    return []
 
 
 def _capacity(obs: Observation, alive: Mapping[str, Pod]) -> list[Violation]:

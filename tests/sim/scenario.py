@@ -27,11 +27,12 @@ class PodShape:
     containers: tuple[int, ...] = (1,)
     init: tuple[int, ...] = ()
     sidecar: bool = False  # the first init container is a restartable sidecar
+    zero_limit: bool = False  # a container asking for no GPU memory says so with a limit of "0"
 
     def pod(self, name: str = "", generate_name: str = "", image: str = "registry.example/cuda-app:1") -> Pod:
         def container(prefix: str, i: int, units: int) -> dict[str, Any]:
             out: dict[str, Any] = {"name": f"{prefix}{i}", "image": image}
-            if units:
+            if units or self.zero_limit:
                 out["resources"] = {"limits": {RESOURCE: str(units)}}
             return out
 
@@ -53,6 +54,7 @@ class Scenario:
     delete_after_s: float = 0.0  # delay after all first pods are bound
     restarts: tuple[float, ...] = ()  # kubelet restarts, seconds after creation starts
     settle_timeout_s: float = 30.0
+    cuda_images: bool = False  # the pods run nvidia/cuda images, whose env selects every GPU
 
 
 @dataclass
@@ -100,6 +102,7 @@ def random_scenario(seed: int, gpu_units: int = 8) -> Scenario:
         delete=rng.choice([0, 0, 1, 2]),
         delete_after_s=rng.uniform(0.0, 0.05),
         restarts=(rng.uniform(0.0, 0.1),) if rng.random() < 0.25 else (),
+        cuda_images=rng.random() < 0.5,
     )
 
 
@@ -173,6 +176,11 @@ def _delete_some(cluster: Cluster, namespace: str, scenario: Scenario, rng: rand
     return deleted
 
 
+def _image(scenario: Scenario, namespace: str, tag: str) -> str:
+    """A fresh image per scenario, so pulls happen; an nvidia/cuda one when the scenario asks for it."""
+    return f"registry.example/{namespace}/{'nvidia/cuda' if scenario.cuda_images else 'app'}:{tag}"
+
+
 def run_scenario(cluster: Cluster, scenario: Scenario) -> Result:
     """Run one scenario in a fresh namespace, judge it, then delete everything it made and check the release."""
     started = time.monotonic()
@@ -188,12 +196,12 @@ def run_scenario(cluster: Cluster, scenario: Scenario) -> Result:
     groups = []
     if scenario.group is not None:
         shape, replicas = scenario.group
-        template = shape.pod(generate_name="group-", image=f"registry.example/{namespace}/group:1")
+        template = shape.pod(generate_name="group-", image=_image(scenario, namespace, "group"))
         groups.append(cluster.replicaset(namespace, "group", replicas, template))
 
     def create(index: int, shape: PodShape) -> bool:
         try:
-            image = f"registry.example/{namespace}/app-{index % 3}:1"  # a fresh image per scenario: pulls happen
+            image = _image(scenario, namespace, f"app-{index % 3}")
             cluster.user.create_pod(namespace, shape.pod(name=f"pod-{index}", image=image))
             return True
         except ApiError as exc:

@@ -116,3 +116,26 @@ def test_the_real_plugin_registers_again_after_a_kubelet_restart(clusters: Clust
     result = run_scenario(cluster, Scenario(seed=10_000, pods=(PodShape((2,)), PodShape((1, 1)))))
     assert not result.violations, result.explain()
     assert result.summary.started == result.summary.right_gpu == 2, result.explain()
+
+
+# Containers that request no GPU memory, on images whose env selects every GPU: ordinary pods, a limit of "0", a
+# GPU pod's sidecar and init container, a restartable sidecar without GPU memory.
+WITHOUT_GPU_MEMORY = (PodShape((0,)), PodShape((0, 0), (0,)), PodShape((0,), zero_limit=True), PodShape((2, 0)),
+                      PodShape((1,), (0, 0), sidecar=True), PodShape((1, 0), (2,)))
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("delivery", ["env", "cdi"])
+@pytest.mark.parametrize("cuda_images", [True, False])
+def test_containers_without_gpu_memory_see_no_gpu(clusters: Clusters, delivery: str, cuda_images: bool) -> None:
+    result = run_scenario(clusters.get(delivery, *TOPOLOGIES[0]),
+                          Scenario(seed=20_000, pods=WITHOUT_GPU_MEMORY, cuda_images=cuda_images))
+    assert not result.violations, result.explain()
+    assert not result.create_errors, result.explain()
+    assert not _only_running_or_waiting_for_room(result), result.explain()
+    bare = [r for r in result.observation.runs if r.started and not r.units]
+    assert len({(r.pod_uid, r.container) for r in bare}) == 9, result.explain()
+    if delivery == "env":  # the webhook neutralised each of them, over the image's `all`
+        assert {r.env.get("NVIDIA_VISIBLE_DEVICES") for r in bare} == {"void"}, result.explain()
+    elif cuda_images:  # the image's `all` is there, and the runtime ignores it
+        assert {r.env.get("NVIDIA_VISIBLE_DEVICES") for r in bare} == {"all"}, result.explain()

@@ -74,3 +74,32 @@ def test_summary_columns() -> None:
     summary = summarize(observe(pods, runs))
     assert (summary.pods, summary.started, summary.right_gpu, summary.made_up_ids) == (4, 2, 1, 1)
     assert (summary.failed_clearly, summary.other) == (1, 1)
+
+
+def bare(visible: str | None = None, gpus: tuple[int, ...] = (), cdi: tuple[str, ...] = (),
+         mounted: tuple[int, ...] | None = None, env_interface: bool = True, init: bool = False,
+         started: bool = True) -> ContainerRun:
+    """A container of pod `a` that requests no GPU memory, as the runtime started it."""
+    env = {} if visible is None else {"NVIDIA_VISIBLE_DEVICES": visible}
+    return ContainerRun("n", "ns", "a", "a", "side", init, 0, env, visible if env_interface else None, gpus, (),
+                        started, None if started else "failed", {}, mounted=mounted, cdi_devices=cdi,
+                        env_interface=env_interface)
+
+
+@pytest.mark.parametrize(("runs", "kinds"), [
+    ([bare()], []),  # no variable at all
+    ([bare("void")], []),  # neutralised by the webhook
+    ([bare("void", init=True)], []),
+    ([bare("all", gpus=(0, 1))], ["unrequested-gpu"]),  # an nvidia/cuda image's env
+    ([bare("1", gpus=(1,), init=True)], ["unrequested-gpu"]),
+    ([bare("none")], ["unrequested-gpu"]),  # no device, but the driver is mounted
+    ([bare("")], ["unrequested-gpu"]),
+    ([bare("all", env_interface=False)], []),  # cdi mode: the runtime ignores the variable
+    ([bare(cdi=("gpushare.io/gpu=slot-0",), env_interface=False)], ["unrequested-gpu"]),
+    ([bare(mounted=(0,), env_interface=False)], ["unrequested-gpu"]),
+    ([bare("all", gpus=(0, 1), started=False)], []),  # never started: nothing was seen
+    ([run("a"), bare("void")], []),  # a GPU container and its neutralised sidecar
+    ([run("a"), bare("all", gpus=(0, 1))], ["unrequested-gpu"]),
+])
+def test_containers_without_gpu_memory_see_no_gpu(runs: list[ContainerRun], kinds: list[str]) -> None:
+    assert sorted(v.kind for v in check(observe([pod("a")], runs))) == sorted(kinds)

@@ -30,6 +30,8 @@ log = logging.getLogger(__name__)
 # Between two "connection limit reached" warnings of one process: a flood must not flood the log too.
 _WARN_EVERY = 10.0
 _ERRORS = (OSError, EOFError, asyncio.IncompleteReadError, ssl.SSLError)
+# At most this much of a refused, unread body is read and dropped before the connection closes.
+LINGER_BYTES = 64 * 1024 * 1024
 
 
 def _peer(writer: asyncio.StreamWriter) -> tuple[str, int]:
@@ -177,8 +179,24 @@ class WebhookWorker(base.Worker):  # type: ignore[misc]  # gunicorn ships no typ
             if not await self._send(writer, answer):
                 return False
             if not keep_alive:
+                if req.content_length > len(req.body):
+                    await self._linger(reader)
                 return True
         return True
+
+    async def _linger(self, reader: asyncio.StreamReader) -> None:
+        """Read and drop what the client still sends of a body we refused unread (bounded in bytes and time):
+        closing a socket with unread data resets the connection, and the client would lose its answer."""
+        dropped = 0
+        try:
+            async with asyncio.timeout(self.limits.read_deadline):
+                while dropped < LINGER_BYTES:
+                    chunk = await reader.read(65536)
+                    if not chunk:
+                        return
+                    dropped += len(chunk)
+        except (TimeoutError, *_ERRORS):
+            return
 
     async def _answer(self, req: http1.Request, env: dict[str, Any], keep_alive: bool) -> bytes:
         self.busy += 1

@@ -20,7 +20,7 @@ from typing import Any
 
 from e2e import control, gpushare, node, procs
 from e2e import settings as ports
-from e2e.kube import Kubectl, Rest
+from e2e.kube import Kubectl
 from e2e.pki import Pki, kubeconfig
 from e2e.settings import E2eSettings, from_environ
 from e2e.toolchain import Toolchain, ToolchainError, ensure
@@ -53,10 +53,6 @@ class Cluster:
 
     def kubectl(self, as_tenant: bool = False) -> Kubectl:
         return Kubectl(self.tenant_kubeconfig if as_tenant else self.admin_kubeconfig)
-
-    def rest(self) -> Rest:
-        return Rest(self.server, self.pki_dir / "ca.crt",
-                    client=(self.pki_dir / "admin.crt", self.pki_dir / "admin.key"))
 
     def has(self, kind: str, name: str, namespace: str) -> bool:
         return self.kubectl().run(["get", kind, name, "-n", namespace], timeout=10)[0] == 0
@@ -156,8 +152,9 @@ class Cluster:
     # -- gpushare processes ---------------------------------------------------------------------------
 
     def webhook_env(self) -> dict[str, str]:
-        files = gpushare.secret_files(self.kubectl(), "gpushare-webhook-tls", self.run / "webhook" / "tls")
-        signing = gpushare.secret_files(self.kubectl(), "gpushare-signing-key", self.run / "webhook" / "signing")
+        kubectl, here = self.kubectl(), self.run / "webhook"
+        files = gpushare.secret_files(kubectl, "secret", "gpushare-webhook-tls", here / "tls")
+        signing = gpushare.secret_files(kubectl, "secret", "gpushare-signing-key", here / "signing")
         overrides = {
             "GPUSHARE_BIND": f"127.0.0.1:{self.settings.port(ports.WEBHOOK)}",
             "GPUSHARE_TLS_CERT": str(files["tls.crt"]), "GPUSHARE_TLS_KEY": str(files["tls.key"]),
@@ -175,7 +172,8 @@ class Cluster:
         self.procs.stop("webhook")
 
     def plugin_env(self) -> dict[str, str]:
-        verify = gpushare.secret_files(self.kubectl(), "gpushare-verify-key", self.run / "plugin" / "verify")
+        verify = gpushare.secret_files(self.kubectl(), "configmap", "gpushare-verify-key",
+                                       self.run / "plugin" / "verify")
         overrides = {
             "GPUSHARE_NODE_NAME": self.settings.node_name, "GPUSHARE_FAKE_GPUS": self.settings.fake_gpus,
             "GPUSHARE_KUBECONFIG": str(self.conf / "plugin.kubeconfig"),

@@ -117,10 +117,10 @@ def token(kubectl: Kubectl, namespace: str, name: str, *, node: str | None = Non
     return kubectl.ok(args).strip()
 
 
-def secret_files(kubectl: Kubectl, name: str, directory: Path) -> dict[str, Path]:
-    """Write a Secret's (or ConfigMap's) keys as files, as a volume mount would; returns key -> path."""
+def secret_files(kubectl: Kubectl, kind: str, name: str, directory: Path) -> dict[str, Path]:
+    """Write a Secret's or ConfigMap's keys (`kind`: secret or configmap) as files, as a volume mount would;
+    returns key -> path."""
     directory.mkdir(parents=True, exist_ok=True)
-    kind = "secret" if not name.endswith("verify-key") else "configmap"
     obj = json.loads(kubectl.ok(["get", kind, name, "-n", NAMESPACE, "-o", "json"]))
     files = {}
     for key, value in (obj.get("data") or {}).items():

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import ssl
 import sys
+import tempfile
 from typing import Any
 
 from webhook.serve import ReloadingTLS
@@ -47,3 +49,49 @@ _tls = ReloadingTLS(_settings.tls_cert, _settings.tls_key)
 def ssl_context(config: Any, default_ssl_context_factory: Any) -> ssl.SSLContext:
     """Called for every accepted connection; answers from a cache keyed on the files' stat."""
     return _tls.context()
+
+
+# Prometheus multiprocess mode (webhook/metrics.py): prometheus_client reads this variable when a worker first
+# imports it, after the fork, so it is set here, in the arbiter, before any worker starts.
+_metrics_dir = _settings.metrics_dir or tempfile.mkdtemp(prefix="gpushare-metrics-")
+_metrics_dir_ours = not _settings.metrics_dir
+os.environ["PROMETHEUS_MULTIPROC_DIR"] = _metrics_dir
+_served: dict[str, Any] = {}  # "metrics": the arbiter's MetricsServer, once started
+
+
+def on_starting(server: Any) -> None:
+    """Once per start (not on reload): counters begin at zero."""
+    from webhook.metrics import clear_dir
+
+    clear_dir(_metrics_dir)
+
+
+def when_ready(server: Any) -> None:
+    """The arbiter serves /metrics for every worker on a plain port of its own (GPUSHARE_METRICS_BIND)."""
+    if _settings.metrics_bind is None or "metrics" in _served:
+        return
+    from webhook.metrics import MetricsServer
+
+    host, port = _settings.metrics_bind
+    try:
+        _served["metrics"] = metrics = MetricsServer(_settings.metrics_bind, _metrics_dir, _settings.tls_cert)
+    except OSError as exc:
+        print(f"The webhook cannot start: GPUSHARE_METRICS_BIND={host}:{port} cannot be listened on ({exc}); "
+              "choose a free port, or set it empty to serve no metrics.", file=sys.stderr)
+        sys.exit(2)
+    server.log.info("Serving Prometheus metrics on http://%s:%s/metrics", host, metrics.port)
+
+
+def child_exit(server: Any, worker: Any) -> None:
+    from webhook.metrics import worker_exited
+
+    worker_exited(_metrics_dir, worker.pid)
+
+
+def on_exit(server: Any) -> None:
+    if "metrics" in _served:
+        _served.pop("metrics").stop()
+    if _metrics_dir_ours:
+        from webhook.metrics import remove_dir
+
+        remove_dir(_metrics_dir)

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from webhook.protocol import Contract
-from webhook.settings import SettingsError, contract_from, env_parsed, env_value, positive_int
+from webhook.settings import SettingsError, contract_from, env_parsed, env_value, metrics_address, positive_int
 
 PLACEMENTS = ("extender", "node")
 DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
@@ -33,6 +33,8 @@ class PluginSettings:
     rpc_timeout_seconds: float
     placement: str
     log_level: str
+    # Plain-HTTP /metrics (deviceplugin/metrics.py); None: not served.
+    metrics_bind: tuple[str, int] | None = None
     # Not read from the environment: the safety-net poll of the device-plugin directory (it is watched with
     # inotify), and how often and after what grace period unused CDI specs are collected.
     watch_interval_seconds: float = 5.0
@@ -108,6 +110,9 @@ def settings_from(env: Mapping[str, str]) -> PluginSettings:
         ),
         placement=placement,
         log_level=log_level,
+        metrics_bind=env_parsed(
+            env, "GPUSHARE_METRICS_BIND", "0.0.0.0:9103", metrics_address, "host:port, or empty to turn it off"
+        ),
     )
 
 

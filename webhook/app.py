@@ -6,6 +6,7 @@ import datetime
 import logging
 import ssl
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -17,6 +18,7 @@ from flask import Flask, Response, jsonify, request
 from werkzeug.exceptions import RequestEntityTooLarge
 
 from webhook import signing
+from webhook.metrics import WebhookMetrics
 from webhook.mutate import mutate, mutate_update
 from webhook.review import MalformedReview, Request, Review, parse_review, respond, username
 from webhook.settings import Settings, from_environ
@@ -130,13 +132,16 @@ def create_app(
     private_key: Ed25519PrivateKey | None = None,
     new_id: Callable[[], str] = _new_uuid,
     clock: Callable[[], datetime.datetime] = _utc_now,
+    metrics: WebhookMetrics | None = None,
 ) -> Flask:
-    """The webhook's WSGI app: POST /mutate, POST /validate, GET /healthz, GET /readyz."""
+    """The webhook's WSGI app: POST /mutate, POST /validate, GET /healthz, GET /readyz (metrics: webhook/metrics.py)."""
     app = Flask(__name__)
     # The API server's own limit for a request body is 3 MiB (etcd's 1.5 MiB object, JSON-wrapped twice).
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
     key = SigningKey(settings, private_key)
     readiness = Readiness(settings, key, clock)
+    counted = metrics or WebhookMetrics()
+    app.extensions["gpushare_metrics"] = counted
 
     def body() -> bytes:
         try:
@@ -153,11 +158,16 @@ def create_app(
         log.warning("%s %s: malformed AdmissionReview: %s", request.method, request.path, exc)
         return " ".join(str(exc).split()) + "\n", 400, {"Content-Type": "text/plain; charset=utf-8"}
 
+    def count(endpoint: str, started: float, operation: str, outcome: str, reasons: tuple[str, ...] = ()) -> None:
+        counted.review(endpoint, operation, outcome, time.perf_counter() - started, reasons)
+
     @app.post("/mutate")
     def mutate_view() -> Any:
+        started = time.perf_counter()
         try:
             req = parse_review(body(), settings.max_body_bytes)
         except MalformedReview as exc:
+            count("mutate", started, "unknown", "malformed")
             return malformed(exc)
         try:
             if req["operation"] == "UPDATE" and req["oldObject"] is not None:  # pods/ephemeralcontainers
@@ -167,19 +177,23 @@ def create_app(
                                other_gpu=settings.other_gpu_resources)
         except Exception as exc:
             log.exception("mutate %s uid=%s failed", _describe(req), req["uid"])
+            count("mutate", started, req["operation"], "error")
             return answer(respond(req["uid"], allowed=False, code=500, message=(
                 f"The gpushare webhook could not stamp pod {_describe(req)} because of an internal error ({exc}); "
                 "check the gpushare-webhook logs in gpushare-system and create the pod again."
             )))
         log.info("mutate %s uid=%s %s%s ops=%s dryRun=%s", _describe(req), req["uid"], req["operation"],
                  _sub(req), len(patch), req["dryRun"])
+        count("mutate", started, req["operation"], "allowed")
         return answer(respond(req["uid"], patch=patch))
 
     @app.post("/validate")
     def validate_view() -> Any:
+        started = time.perf_counter()
         try:
             req = parse_review(body(), settings.max_body_bytes)
         except MalformedReview as exc:
+            count("validate", started, "unknown", "malformed")
             return malformed(exc)
         try:
             verdict = validate(
@@ -188,6 +202,7 @@ def create_app(
             )
         except Exception as exc:
             log.exception("validate %s uid=%s failed", _describe(req), req["uid"])
+            count("validate", started, req["operation"], "error")
             return answer(respond(req["uid"], allowed=False, code=500, message=(
                 f"The gpushare webhook could not check pod {_describe(req)} because of an internal error ({exc}); "
                 "check the gpushare-webhook logs in gpushare-system and retry."
@@ -197,6 +212,7 @@ def create_app(
         else:
             log.info("validate %s uid=%s %s%s denied: %s", _describe(req), req["uid"], req["operation"], _sub(req),
                      verdict.message)
+        count("validate", started, req["operation"], "allowed" if verdict.allowed else "denied", verdict.reasons)
         return answer(respond(req["uid"], allowed=verdict.allowed, message=verdict.message))
 
     @app.get("/healthz")

@@ -45,6 +45,16 @@ def deadline_seconds(text: str) -> float:
     return value
 
 
+def metrics_address(text: str) -> tuple[str, int] | None:
+    """`host:port` (`[::]:port` for IPv6) of a plain-HTTP /metrics listener; empty turns it off."""
+    if not text:
+        return None
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or int(port) > 65535:
+        raise ValueError("give host:port, such as 0.0.0.0:9102")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
 def identity_list(text: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in text.split(",") if part.strip())
 
@@ -90,6 +100,10 @@ class Settings:
     # Bound of the TLS handshake, of the request headers and of the body, each (webhook/worker.py).
     read_deadline_seconds: float
     log_level: str
+    # Plain-HTTP /metrics of every worker together, served by the gunicorn arbiter; None: not served.
+    metrics_bind: tuple[str, int] | None = None
+    # Prometheus multiprocess directory given by the operator; empty: gunicorn.conf.py makes a fresh one.
+    metrics_dir: str = ""
 
     @property
     def trusted_identities(self) -> tuple[str, ...]:
@@ -124,6 +138,10 @@ def settings_from(env: Mapping[str, str]) -> Settings:
             env, "GPUSHARE_READ_DEADLINE_SECONDS", "2", deadline_seconds, "a number of seconds from 0 to 30"
         ),
         log_level=log_level,
+        metrics_bind=env_parsed(
+            env, "GPUSHARE_METRICS_BIND", "127.0.0.1:9102", metrics_address, "host:port, or empty to turn it off"
+        ),
+        metrics_dir=env_value(env, "PROMETHEUS_MULTIPROC_DIR", ""),
     )
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -53,10 +53,33 @@ class Policy(Protocol):
     def other_gpu_resources(self) -> tuple[str, ...]: ...
 
 
+# What a denial is counted under (webhook/metrics.py): a small, fixed set, each problem tagged with one.
+REASONS = (
+    "reserved_annotation", "no_intent", "forged_intent", "intent_changed", "not_authorized", "placement_frozen",
+    "bad_assignment", "container_env", "too_large", "bad_spec",
+)
+
+
+class Problem(str):
+    """One denial sentence, tagged with its reason (one of REASONS)."""
+
+    reason: str
+
+    def __new__(cls, text: str, reason: str) -> Problem:
+        problem = super().__new__(cls, text)
+        problem.reason = reason
+        return problem
+
+
+def _tagged(reason: str, problems: Iterable[str]) -> list[str]:
+    return [Problem(p, reason) for p in problems]
+
+
 @dataclass(frozen=True)
 class Verdict:
     allowed: bool
     message: str = ""
+    reasons: tuple[str, ...] = ()  # of a denial, each once, in REASONS order
 
 
 ALLOWED = Verdict(True)
@@ -76,7 +99,9 @@ def validate(  # noqa: PLR0917 - the call shape of the shared contract: (operati
     if not problems:
         return ALLOWED
     sentences = " ".join(_sentence(p) for p in problems)
-    return Verdict(False, f"gpushare denied pod {_ref(new, namespace)}. {sentences}")
+    found = {getattr(p, "reason", "bad_spec") for p in problems}
+    reasons = tuple(r for r in REASONS if r in found)
+    return Verdict(False, f"gpushare denied pod {_ref(new, namespace)}. {sentences}", reasons)
 
 
 def _sentence(problem: str) -> str:
@@ -101,29 +126,30 @@ def _verb(key: str, old: Mapping[str, str], new: Mapping[str, str]) -> str:
 def _create_problems(pod: Pod, namespace: str, policy: Policy, public_key: Ed25519PublicKey) -> list[str]:
     contract = policy.contract
     annotations = read_annotations(pod)
-    problems = [
+    problems = _tagged("reserved_annotation", (
         f"annotation {key} is reserved: the scheduler extender or the gpushare device plugin writes it after "
         "scheduling; remove it from the pod (or its template)"
         for key in (*COMPAT_KEYS, contract.allocation_key)
         if key in annotations
-    ]
+    ))
     try:
         demand: Demand | None = demand_of(pod, contract.resource)
     except ProtocolError as exc:
-        problems.append(str(exc))
+        problems.append(Problem(str(exc), "bad_spec"))
         demand = None
     intent = _created_intent(pod, namespace, demand, contract, public_key, problems=problems)
-    problems.extend(container_problems(list(slots(pod)), contract, policy.other_gpu_resources))
+    problems.extend(_tagged("container_env", container_problems(list(slots(pod)), contract,
+                                                                policy.other_gpu_resources)))
     if demand is None or not demand.wants_gpu:
         return problems
     for name, units in (*demand.containers, *((i.name, i.units) for i in demand.init_containers)):
         if units > policy.max_gpu_units:
-            problems.append(
+            problems.append(Problem(
                 f"container {name!r} asks for {units} {contract.unit} of {contract.resource}, more than the largest "
                 f"GPU holds ({policy.max_gpu_units} {contract.unit}, GPUSHARE_MAX_GPU_UNITS), so it could never be "
-                "placed; lower its limit"
-            )
-    problems.extend(_env_problems(pod, contract, intent.total if intent else demand.total))
+                "placed; lower its limit", "too_large",
+            ))
+    problems.extend(_tagged("container_env", _env_problems(pod, contract, intent.total if intent else demand.total)))
     return problems
 
 
@@ -138,37 +164,38 @@ def _created_intent(
     fix = f"remove {intent_key} and {signature_key} and create the pod again so the gpushare webhook stamps it"
     if text is None and signature is None:
         if demand is not None and demand.wants_gpu:
-            problems.append(
+            problems.append(Problem(
                 f"the pod requests {demand.total} {contract.unit} of {contract.resource} but has no {intent_key} "
                 "annotation, so the gpushare mutating webhook did not reach it; check that the "
                 "MutatingWebhookConfiguration gpushare-webhook exists and selects this namespace, then create "
-                "the pod again"
-            )
+                "the pod again", "no_intent",
+            ))
         return None
     if demand is not None and not demand.wants_gpu:
-        problems.append(
+        problems.append(Problem(
             f"annotations {intent_key} and {signature_key} are written by the gpushare mutating webhook for pods "
-            f"that request {contract.resource}, and this pod requests none; remove them"
-        )
+            f"that request {contract.resource}, and this pod requests none; remove them", "forged_intent",
+        ))
         return None
     if text is None or signature is None:
         present, missing = (intent_key, signature_key) if signature is None else (signature_key, intent_key)
-        problems.append(f"annotation {present} is present without {missing}; {fix}")
+        problems.append(Problem(f"annotation {present} is present without {missing}; {fix}", "forged_intent"))
         return None
     if not signing.verify(public_key, text, namespace, signature):
-        problems.append(
+        problems.append(Problem(
             f"annotation {signature_key} does not verify for namespace {namespace}: this intent was not stamped "
-            f"by the gpushare webhook for this pod (copied from another pod or edited); {fix}"
-        )
+            f"by the gpushare webhook for this pod (copied from another pod or edited); {fix}", "forged_intent",
+        ))
         return None
     try:
         intent = parse_intent(text, intent_key)
     except ProtocolError as exc:
-        problems.append(f"{exc}; {fix}")
+        problems.append(Problem(f"{exc}; {fix}", "forged_intent"))
         return None
     mismatch = intent_mismatch(intent, pod, contract) if demand is not None else None
     if mismatch:
-        problems.append(f"annotation {intent_key} does not match the pod spec: {mismatch}; {fix}")
+        problems.append(Problem(f"annotation {intent_key} does not match the pod spec: {mismatch}; {fix}",
+                                "forged_intent"))
     return intent
 
 
@@ -228,55 +255,56 @@ def _update_problems(old: Pod, new: Pod, username: str, policy: Policy) -> list[
     contract = policy.contract
     before, after = read_annotations(old), read_annotations(new)
     # pods/ephemeralcontainers adds containers to a running pod; the others cannot change (spec is immutable).
-    problems = container_problems(new_ephemeral(old, new), contract, policy.other_gpu_resources)
-    problems += [
+    problems = _tagged("container_env", container_problems(new_ephemeral(old, new), contract,
+                                                           policy.other_gpu_resources))
+    problems += _tagged("intent_changed", (
         f"annotation {key} was {_verb(key, before, after)}, but it is stamped once at creation by the gpushare "
         "mutating webhook and never changes; restore its original value"
         for key in (contract.intent_key, contract.signature_key)
         if before.get(key) != after.get(key)
-    ]
+    ))
     changed = [k for k in (*COMPAT_KEYS, contract.allocation_key) if before.get(k) != after.get(k)]
     if not changed:
         return problems
     if username not in (*policy.extender_identities, *policy.plugin_identities):
         trusted = ", ".join((*policy.extender_identities, *policy.plugin_identities)) or "none configured"
-        problems.extend(
+        problems.extend(_tagged("not_authorized", (
             f"annotation {key} was {_verb(key, before, after)} by {username or 'an anonymous user'}, but only the "
             f"scheduler extender and the gpushare device plugin ({trusted}) may write it; leave it alone, or list "
             "your extender's account in GPUSHARE_EXTENDER_IDENTITIES"
             for key in changed
-        )
+        )))
         return problems
 
     try:
         assignment: Assignment | None = parse_assignment(after)
     except ProtocolError as exc:
-        problems.append(str(exc))
+        problems.append(Problem(str(exc), "bad_assignment"))
         assignment = None
     if before.get(ASSIGNED) == "true" and after.get(ASSIGNED) != "true":
-        problems.append(
+        problems.append(Problem(
             f'annotation {ASSIGNED} went from "true" to {after.get(ASSIGNED)!r}; once the device plugin has '
-            'allocated the pod it stays "true"; leave it'
-        )
-    problems.extend(_placement_problems(old, before, after, username, policy))
+            'allocated the pod it stays "true"; leave it', "bad_assignment",
+        ))
+    problems.extend(_tagged("placement_frozen", _placement_problems(old, before, after, username, policy)))
 
     intent = _stored_intent(after, contract)
     if intent is not None and assignment is not None:
-        problems.extend(assignment_problems(intent, assignment))
+        problems.extend(_tagged("bad_assignment", assignment_problems(intent, assignment)))
     allocation_text = after.get(contract.allocation_key)
     if allocation_text is not None:
         try:
             allocation = parse_allocation(allocation_text, contract.allocation_key)
         except ProtocolError as exc:
-            problems.append(str(exc))
+            problems.append(Problem(str(exc), "bad_assignment"))
         else:
             if intent is not None and assignment is not None:
                 node_name = (new.get("spec") or {}).get("nodeName") or None
-                problems.extend(
+                problems.extend(_tagged("bad_assignment", (
                     f"annotation {contract.allocation_key} is inconsistent: {p}; it is written by the gpushare "
                     "device plugin and must describe this pod's own allocation"
                     for p in allocation_problems(intent, assignment, allocation, node_name)
-                )
+                )))
     return problems
 
 

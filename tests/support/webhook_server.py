@@ -15,6 +15,7 @@ Usage (stable; the simulated cluster relies on it)::
         hook.rotate()       # new serving certificate files (same CA), written atomically; returns the cert
         hook.peer_certificate()  # the certificate a new connection is served
         hook.log_text()     # what gunicorn and the app logged
+        hook.scrape()       # the text of /metrics (plain HTTP on hook.metrics_port, served by the arbiter)
 
 `webhook_server(directory, env)` generates certificates into `directory` (a fresh tmp dir), starts
 `python -m gunicorn -c gunicorn.conf.py` with `GPUSHARE_*` pointing at them plus `env`, waits until
@@ -72,6 +73,19 @@ class RunningWebhook:
     public_key_path: Path
     log_path: Path
     process: subprocess.Popen[bytes]
+    metrics_port: int = 0
+
+    def scrape(self, timeout: float = 10.0) -> str:
+        conn = http.client.HTTPConnection(HOST, self.metrics_port, timeout=timeout)
+        try:
+            conn.request("GET", "/metrics")
+            res = conn.getresponse()
+            body = res.read().decode()
+            if res.status != 200:
+                raise AssertionError(f"GET /metrics answered {res.status}: {body}")
+            return body
+        finally:
+            conn.close()
 
     def ssl_context(self) -> ssl.SSLContext:
         """What the API server does with caBundle: trust only the generated CA and check the name."""
@@ -156,10 +170,12 @@ def webhook_server(
     `gunicorn_args` go after the configuration file (a benchmark's baseline: `-k gthread`)."""
     directory.mkdir(parents=True, exist_ok=True)
     write_files(directory, dev_bundle(datetime.datetime.now(datetime.UTC)))
-    port = free_port()
-    child_env = {k: v for k, v in os.environ.items() if not k.startswith("GPUSHARE_")}
+    port, metrics_port = free_port(), free_port()
+    child_env = {k: v for k, v in os.environ.items()
+                 if not k.startswith("GPUSHARE_") and k != "PROMETHEUS_MULTIPROC_DIR"}
     child_env.update({
         "GPUSHARE_BIND": f"{HOST}:{port}",
+        "GPUSHARE_METRICS_BIND": f"{HOST}:{metrics_port}",
         "GPUSHARE_TLS_CERT": str(directory / "tls.crt"),
         "GPUSHARE_TLS_KEY": str(directory / "tls.key"),
         "GPUSHARE_SIGNING_KEY": str(directory / "signing.key"),
@@ -187,6 +203,7 @@ def webhook_server(
             public_key_path=directory / "signing.pub",
             log_path=log_path,
             process=process,
+            metrics_port=metrics_port,
         )
         _wait_ready(hook, time.monotonic() + startup_timeout)
         yield hook

@@ -128,7 +128,7 @@ def test_python_m_webhook_serve_prints_a_working_curl_line(tmp_path: Path) -> No
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUSHARE_")}
     env.update({"GPUSHARE_DEV_CERTS": str(tmp_path / "dev"), "GPUSHARE_BIND": f"127.0.0.1:{port}",
-                "GPUSHARE_WORKERS": "1", "GPUSHARE_THREADS": "2"})
+                "GPUSHARE_METRICS_BIND": f"127.0.0.1:{free_port()}", "GPUSHARE_WORKERS": "1", "GPUSHARE_THREADS": "2"})
     process = subprocess.Popen(
         [sys.executable, "-m", "webhook.serve"], cwd=REPO, env=env, stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL, start_new_session=True, text=True,

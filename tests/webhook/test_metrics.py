@@ -1,0 +1,280 @@
+"""Webhook metrics: denial reasons, the app's counters, and /metrics of the real multi-worker gunicorn server."""
+
+from __future__ import annotations
+
+import datetime
+import http.client
+import json
+import os
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.support.webhook_server import HOST, RunningWebhook, webhook_server
+from tests.webhook.pods import EXTENDER, KEY, PLUGIN, USER, Pod, annotate, container, pod, review, stamped
+from tests.webhook.test_validate import (
+    ALLOCATED_POD,
+    ASSIGNED_POD,
+    CREATE_DENIALS,
+    GPU,
+    POLICY,
+    UPDATE_DENIALS,
+    placed,
+    with_env,
+)
+from webhook import signing
+from webhook.app import create_app
+from webhook.metrics import CertificateExpiry, WebhookMetrics
+from webhook.protocol import ASSIGNED, IDX
+from webhook.settings import Settings, SettingsError, metrics_address, settings_from
+from webhook.validate import REASONS, validate
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def samples(text: str) -> Samples:
+    """Every sample of an exposition, keyed by name and sorted labels."""
+    out: Samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return out
+
+
+def value(s: Samples, name: str, **labels: str) -> float:
+    return s.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Reasons: every denial is counted under one or more of a small fixed set.
+
+REASON_CASES: list[tuple[str, str, Pod | None, Pod, str, tuple[str, ...]]] = [
+    ("reserved annotation", "CREATE", None, annotate(GPU, {IDX: "1"}), USER, ("reserved_annotation",)),
+    ("webhook not reached", "CREATE", None, pod(container("a", 2)), USER, ("no_intent",)),
+    ("another key signed it", "CREATE", None, stamped(pod(container("a", 2)), key=KEY, namespace="other"), USER,
+     ("forged_intent",)),
+    ("over the largest GPU", "CREATE", None, stamped(pod(container("big", 200))), USER, ("too_large",)),
+    ("user GPU env", "CREATE", None, with_env(GPU, [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]), USER,
+     ("container_env",)),
+    ("malformed limit", "CREATE", None, pod(container("a", "1.5")), USER, ("bad_spec",)),
+    ("two at once", "CREATE", None, annotate(pod(container("a", 2)), {IDX: "1"}), USER,
+     ("reserved_annotation", "no_intent")),
+    ("intent edited", "UPDATE", GPU, annotate(GPU, {POLICY.contract.signature_key: "AAAA"}), PLUGIN,
+     ("intent_changed",)),
+    ("IDX by a user", "UPDATE", GPU, placed(GPU), USER, ("not_authorized",)),
+    ("IDX moved once bound", "UPDATE", ASSIGNED_POD, annotate(ASSIGNED_POD, {IDX: "2"}), EXTENDER,
+     ("placement_frozen",)),
+    ("ASSIGNED back to false", "UPDATE", ALLOCATED_POD, annotate(ALLOCATED_POD, {ASSIGNED: "false"}), PLUGIN,
+     ("bad_assignment",)),
+]
+
+
+@pytest.mark.parametrize(("case", "operation", "old", "new", "user", "reasons"), REASON_CASES,
+                         ids=[c[0] for c in REASON_CASES])
+def test_denials_carry_their_reasons(case: str, operation: str, old: Pod | None, new: Pod, user: str,
+                                     reasons: tuple[str, ...]) -> None:
+    verdict = validate(operation, old, new, user, "ml", POLICY, KEY.public_key())
+    assert not verdict.allowed
+    assert verdict.reasons == reasons
+
+
+def test_every_denial_of_the_validation_tables_has_a_known_reason() -> None:
+    cases: list[tuple[str, Pod | None, Pod, str, Settings]]
+    cases = [("CREATE", None, new, USER, policy) for _, new, policy, _ in CREATE_DENIALS]
+    cases += [("UPDATE", old, new, user, POLICY) for _, old, new, user, _ in UPDATE_DENIALS]
+    for operation, old, new, user, policy in cases:
+        verdict = validate(operation, old, new, user, "ml", policy, KEY.public_key())
+        assert not verdict.allowed
+        assert verdict.reasons and set(verdict.reasons) <= set(REASONS), verdict.message
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("", None), ("127.0.0.1:9102", ("127.0.0.1", 9102)), (":9103", ("0.0.0.0", 9103)), ("[::]:9102", ("::", 9102)),
+    ("127.0.0.1:0", ("127.0.0.1", 0)),
+])
+def test_metrics_address(text: str, expected: tuple[str, int] | None) -> None:
+    assert metrics_address(text) == expected
+
+
+@pytest.mark.parametrize("text", ["9102", "host:", "host:http", "host:70000"])
+def test_a_bad_metrics_address_names_the_variable(text: str) -> None:
+    with pytest.raises(SettingsError, match=r"GPUSHARE_METRICS_BIND=.*expected host:port, or empty"):
+        settings_from({"GPUSHARE_METRICS_BIND": text})
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Traffic with known answers, driven through the app (one process) and through gunicorn (several).
+
+def traffic(post: Callable[[str, bytes], int], key: Ed25519PrivateKey) -> None:
+    """3 mutations, 2 allowed and 3 denied validations (4 reasons counted), 2 malformed bodies; `key` is the
+    server's signing key."""
+    gpu = stamped(pod(container("a", 2)), key=key)
+
+    def send(path: str, doc: dict[str, Any]) -> None:
+        assert post(path, json.dumps(doc).encode()) == 200
+
+    for i in range(3):
+        send("/mutate", review("CREATE", pod(container("a", 2), name=f"m-{i}"), uid=f"m-{i}"))
+    send("/validate", review("CREATE", gpu, uid="v-1"))
+    send("/validate", review("UPDATE", placed(gpu), gpu, user=EXTENDER, uid="v-2"))
+    send("/validate", review("CREATE", pod(container("a", 2)), uid="v-3"))  # no_intent
+    send("/validate", review("UPDATE", placed(gpu), gpu, user=USER, uid="v-4"))  # not_authorized
+    send("/validate", review("CREATE", annotate(pod(container("a", 2)), {IDX: "1"}), uid="v-5"))  # two reasons
+    assert post("/validate", b"{not json") == 400
+    assert post("/mutate", b'{"kind": "AdmissionReview"}') == 400
+
+
+EXPECTED_REVIEWS = {
+    ("mutate", "CREATE", "allowed"): 3,
+    ("mutate", "unknown", "malformed"): 1,
+    ("validate", "CREATE", "allowed"): 1,
+    ("validate", "CREATE", "denied"): 2,
+    ("validate", "UPDATE", "allowed"): 1,
+    ("validate", "UPDATE", "denied"): 1,
+    ("validate", "unknown", "malformed"): 1,
+}
+EXPECTED_DENIALS = {"no_intent": 2, "not_authorized": 1, "reserved_annotation": 1}
+
+
+def assert_traffic(s: Samples, times: int) -> None:
+    reviews = {
+        (labels["endpoint"], labels["operation"], labels["outcome"]): v
+        for (name, items), v in s.items() if name == "gpushare_webhook_reviews_total" and (labels := dict(items))
+    }
+    assert reviews == {k: v * times for k, v in EXPECTED_REVIEWS.items()}
+    for reason in REASONS:
+        assert value(s, "gpushare_webhook_denials_total", endpoint="validate", reason=reason) == \
+            EXPECTED_DENIALS.get(reason, 0) * times, reason
+        assert value(s, "gpushare_webhook_denials_total", endpoint="mutate", reason=reason) == 0
+    for endpoint, count in (("mutate", 4), ("validate", 6)):
+        assert value(s, "gpushare_webhook_review_duration_seconds_count", endpoint=endpoint) == count * times
+        assert value(s, "gpushare_webhook_review_duration_seconds_bucket", endpoint=endpoint, le="+Inf") == \
+            count * times
+        assert value(s, "gpushare_webhook_review_duration_seconds_sum", endpoint=endpoint) > 0
+
+
+def test_the_app_counts_what_it_answers(tmp_path: Path) -> None:
+    from certs.build import dev_bundle
+    from certs.cli import write_files
+
+    write_files(tmp_path, dev_bundle(datetime.datetime.now(datetime.UTC)))
+    settings = settings_from({"GPUSHARE_TLS_CERT": str(tmp_path / "tls.crt"),
+                              "GPUSHARE_TLS_KEY": str(tmp_path / "tls.key"),
+                              "GPUSHARE_SIGNING_KEY": str(tmp_path / "signing.key")})
+    metrics = WebhookMetrics()
+    app = create_app(settings, metrics=metrics)
+    with app.test_client() as client:
+        traffic(lambda path, body: client.post(path, data=body, content_type="application/json").status_code,
+                signing.load_private_key((tmp_path / "signing.key").read_bytes(), "signing.key"))
+    from prometheus_client import generate_latest
+
+    assert_traffic(samples(generate_latest(metrics.registry).decode()), 1)
+
+
+def test_certificate_expiry_is_read_at_each_scrape(tmp_path: Path) -> None:
+    from certs.build import dev_bundle
+    from certs.cli import write_files
+
+    now = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
+    write_files(tmp_path, dev_bundle(now))
+    cert = x509.load_pem_x509_certificate((tmp_path / "tls.crt").read_bytes())
+    collector = CertificateExpiry(str(tmp_path / "tls.crt"), clock=lambda: now)
+    got = {m.name: m.samples[0].value for m in collector.collect()}
+    assert got == {
+        "gpushare_webhook_certificate_expiry_timestamp_seconds": cert.not_valid_after_utc.timestamp(),
+        "gpushare_webhook_certificate_expires_in_seconds": (cert.not_valid_after_utc - now).total_seconds(),
+    }
+    (tmp_path / "tls.crt").write_text("not a certificate")
+    assert list(collector.collect()) == []
+
+
+def workers_of(arbiter: int) -> set[int]:
+    children = Path(f"/proc/{arbiter}/task/{arbiter}/children").read_text().split()
+    return {int(pid) for pid in children}
+
+
+def wait_for(what: str, check: Callable[[], bool], seconds: float = 30.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def post_over_tls(hook: RunningWebhook) -> Callable[[str, bytes], int]:
+    def post(path: str, body: bytes) -> int:
+        return hook.request("POST", path, body)[0]  # a new connection each: the workers share them out
+    return post
+
+
+@pytest.mark.timeout(120)
+def test_gunicorn_with_three_workers_serves_the_sum_of_all_of_them(tmp_path: Path) -> None:
+    multiproc = tmp_path / "multiproc"
+    multiproc.mkdir()
+    (multiproc / "counter_999999.db").write_bytes(b"left from an earlier run")
+    env = {"GPUSHARE_WORKERS": "3", "PROMETHEUS_MULTIPROC_DIR": str(multiproc)}
+    with webhook_server(tmp_path / "hook", env) as hook:
+        assert not (multiproc / "counter_999999.db").exists()  # an earlier run's samples are not counted
+        wait_for("three workers", lambda: value(samples(hook.scrape()), "gpushare_webhook_worker_processes") == 3)
+        before = samples(hook.scrape())
+        assert value(before, "gpushare_webhook_reviews_total", endpoint="mutate", operation="CREATE",
+                     outcome="allowed") == 0
+        assert value(before, "gpushare_webhook_denials_total", endpoint="validate", reason="no_intent") == 0
+
+        traffic(post_over_tls(hook), hook.private_key)
+        assert_traffic(samples(hook.scrape()), 1)
+
+        # A worker dies: its counts stay in the totals, its live gauge goes, and its replacement counts on.
+        victim = min(workers_of(hook.process.pid))
+        os.kill(victim, signal.SIGKILL)
+        wait_for("the dead worker's gauge to go", lambda: not list(multiproc.glob(f"gauge_livesum_{victim}.db")))
+        wait_for("a replacement", lambda: len(workers_of(hook.process.pid) - {victim}) == 3)
+        wait_for("three workers again",
+                 lambda: value(samples(hook.scrape()), "gpushare_webhook_worker_processes") == 3)
+        traffic(post_over_tls(hook), hook.private_key)
+        after = samples(hook.scrape())
+        assert_traffic(after, 2)
+        assert list(multiproc.glob(f"counter_{victim}.db")) or list(multiproc.glob(f"histogram_{victim}.db"))
+
+        cert = x509.load_pem_x509_certificate((hook.cert_dir / "tls.crt").read_bytes())
+        assert value(after, "gpushare_webhook_certificate_expiry_timestamp_seconds") == \
+            cert.not_valid_after_utc.timestamp()
+        left = value(after, "gpushare_webhook_certificate_expires_in_seconds")
+        assert 0 < left <= (cert.not_valid_after_utc - cert.not_valid_before_utc).total_seconds()
+        rotated = hook.rotate()
+        assert value(samples(hook.scrape()), "gpushare_webhook_certificate_expiry_timestamp_seconds") == \
+            rotated.not_valid_after_utc.timestamp()
+
+        # /metrics is not on the admission port, and the admission paths are not on the metrics port.
+        assert hook.request("GET", "/metrics")[0] == 404
+        conn = http.client.HTTPConnection(HOST, hook.metrics_port, timeout=10)
+        conn.request("POST", "/mutate", body=b"{}")
+        assert conn.getresponse().status == 405
+        conn.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_metrics_port_in_use_stops_the_start_with_the_variable_named(tmp_path: Path) -> None:
+    with webhook_server(tmp_path / "first") as first:
+        taken = f"{HOST}:{first.metrics_port}"
+        with pytest.raises(RuntimeError) as failed, webhook_server(tmp_path / "second",
+                                                                   {"GPUSHARE_METRICS_BIND": taken}):
+            pass
+    log = str(failed.value)
+    assert f"GPUSHARE_METRICS_BIND={taken} cannot be listened on" in log
+    assert "exited with 2" in log
+
+
+@pytest.mark.timeout(60)
+def test_metrics_can_be_turned_off(tmp_path: Path) -> None:
+    with webhook_server(tmp_path, {"GPUSHARE_METRICS_BIND": ""}) as hook:
+        assert "Serving Prometheus metrics" not in hook.log_text()
+        with pytest.raises(OSError):
+            hook.scrape(timeout=2)

@@ -1,0 +1,149 @@
+"""Prometheus metrics of the webhook: counted in each gunicorn worker, served for all of them by the arbiter.
+
+gunicorn runs several worker processes, so the counters live in prometheus_client's multiprocess mode: every
+worker writes its samples to files under PROMETHEUS_MULTIPROC_DIR (set by gunicorn.conf.py before any worker
+imports prometheus_client) and the arbiter, which outlives the workers, adds them up at each scrape on a plain
+HTTP port of its own (GPUSHARE_METRICS_BIND). The serving certificate's expiry is read there, at scrape time.
+"""
+
+from __future__ import annotations
+
+import datetime
+import glob
+import logging
+import os
+import shutil
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from typing import Protocol
+
+from cryptography import x509
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, multiprocess, start_http_server
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from webhook.validate import REASONS
+
+log = logging.getLogger(__name__)
+
+ENDPOINTS = ("mutate", "validate")
+OPERATIONS = ("CREATE", "UPDATE")  # the only ones the webhook is registered for; others are malformed
+OUTCOMES = ("allowed", "denied", "malformed", "error")
+# A review takes about a millisecond; the API server gives up after timeoutSeconds (10 s by default).
+BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class WebhookMetrics:
+    """The counters one app (one worker process) updates; a fresh registry each, so tests start from zero."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        self.reviews = Counter(
+            "gpushare_webhook_reviews", "AdmissionReviews answered, by endpoint, operation and outcome.",
+            ["endpoint", "operation", "outcome"], registry=self.registry,
+        )
+        self.denials = Counter(
+            "gpushare_webhook_denials",
+            "Denied reviews by reason; a review denied for several reasons counts once under each.",
+            ["endpoint", "reason"], registry=self.registry,
+        )
+        self.duration = Histogram(
+            "gpushare_webhook_review_duration_seconds", "Time from a whole request to its answer, by endpoint.",
+            ["endpoint"], buckets=BUCKETS, registry=self.registry,
+        )
+        # One per live worker: gunicorn.conf.py's child_exit hook removes a dead worker's sample.
+        self.workers = Gauge(
+            "gpushare_webhook_worker_processes", "gunicorn worker processes serving the webhook.",
+            registry=self.registry, multiprocess_mode="livesum",
+        )
+        self.workers.set(1)
+        for endpoint in ENDPOINTS:  # every series exists from the start, so rate() sees the first review
+            self.duration.labels(endpoint)
+            for reason in REASONS:
+                self.denials.labels(endpoint, reason)
+
+    def review(self, endpoint: str, operation: str, outcome: str, seconds: float,
+               reasons: Iterable[str] = ()) -> None:
+        self.reviews.labels(endpoint, operation if operation in OPERATIONS else "unknown", outcome).inc()
+        self.duration.labels(endpoint).observe(seconds)
+        for reason in reasons:
+            self.denials.labels(endpoint, reason).inc()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The arbiter's side: the multiprocess directory, the certificate's expiry and the /metrics listener.
+
+
+def clear_dir(path: str) -> None:
+    """Forget the samples of an earlier run in an operator-given directory (prometheus_client's advice)."""
+    for stale in glob.glob(os.path.join(path, "*.db")):
+        os.remove(stale)
+
+
+def remove_dir(path: str) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def worker_exited(path: str, pid: int) -> None:
+    """A worker is gone: drop its live gauges (its counters stay, so totals never go down)."""
+    multiprocess.mark_process_dead(pid, path)  # type: ignore[no-untyped-call]
+
+
+def _utc_now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
+
+
+class CertificateExpiry(Collector):
+    """The serving certificate's end of validity, read from its file at each scrape (it rotates on disk)."""
+
+    def __init__(self, cert_path: str, clock: Callable[[], datetime.datetime] = _utc_now) -> None:
+        self.cert_path = cert_path
+        self.clock = clock
+        self._failed: str | None = None
+
+    def collect(self) -> Iterator[Metric]:
+        try:
+            with open(self.cert_path, "rb") as pem:
+                expires = x509.load_pem_x509_certificate(pem.read()).not_valid_after_utc
+        except (OSError, ValueError) as exc:
+            if str(exc) != self._failed:  # once per distinct problem, not once per scrape
+                self._failed = str(exc)
+                log.warning("The serving certificate %s cannot be read for its expiry metric (%s); /readyz says "
+                            "what to fix.", self.cert_path, exc)
+            return
+        self._failed = None
+        at = GaugeMetricFamily("gpushare_webhook_certificate_expiry_timestamp_seconds",
+                               "When the serving certificate expires, in Unix time.")
+        at.add_metric([], expires.timestamp())
+        left = GaugeMetricFamily("gpushare_webhook_certificate_expires_in_seconds",
+                                 "Seconds until the serving certificate expires (negative once it has).")
+        left.add_metric([], (expires - self.clock()).total_seconds())
+        yield at
+        yield left
+
+
+class Listener(Protocol):
+    server_port: int
+
+    def shutdown(self) -> None: ...
+
+    def server_close(self) -> None: ...
+
+
+class MetricsServer:
+    """/metrics over plain HTTP in the arbiter: every worker's samples plus the certificate's expiry."""
+
+    def __init__(self, bind: tuple[str, int], multiproc_dir: str, cert_path: str) -> None:
+        self.registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(self.registry, path=multiproc_dir)  # type: ignore[no-untyped-call]
+        self.registry.register(CertificateExpiry(cert_path))
+        host, port = bind
+        server, thread = start_http_server(port, addr=host, registry=self.registry)
+        self._server: Listener = server
+        self._thread: threading.Thread = thread
+        self.port = server.server_port
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)

@@ -9,7 +9,7 @@ import datetime
 import json
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from deviceplugin import deadline
@@ -27,8 +27,24 @@ class Conflict(ApiServerError):
     """The object changed since it was read (HTTP 409): read it again and retry."""
 
 
+class PodListener(Protocol):
+    """Told every change the watch sees: a full listing, a pod added or changed, a pod gone, the watch broken."""
+
+    def replace(self, pods: Sequence[Mapping[str, Any]]) -> None: ...
+
+    def upsert(self, pod: Mapping[str, Any]) -> None: ...
+
+    def remove(self, uid: str) -> None: ...
+
+    def stale(self) -> None: ...
+
+
 class ApiServer(Protocol):
     """What the plugin needs from the API server (tests use an in-memory fake of exactly this)."""
+
+    def subscribe(self, listener: PodListener) -> None:
+        """Feed `listener` from the watch of this node's pods: the cache at once (when synced), then each change."""
+        ...
 
     def node_pods(self) -> list[dict[str, Any]]:
         """This node's pods from the watch cache (may lag behind by a moment)."""
@@ -96,6 +112,7 @@ class KubeApiServer:
         self.timeout = timeout
         self._selector = f"spec.nodeName={node_name}"
         self._cache: dict[str, dict[str, Any]] = {}
+        self._listeners: list[PodListener] = []
         self._synced = threading.Event()
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -123,6 +140,12 @@ class KubeApiServer:
         if self._thread.is_alive():
             self._thread.join(timeout=5)
         self._api_client.close()  # type: ignore[no-untyped-call]
+
+    def subscribe(self, listener: PodListener) -> None:
+        with self._lock:  # the watch thread tells listeners under the same lock: no change slips between
+            self._listeners.append(listener)
+            if self._synced.is_set():
+                listener.replace(list(self._cache.values()))
 
     # -- reads -----------------------------------------------------------------------------------------
 
@@ -208,6 +231,8 @@ class KubeApiServer:
                 listing = self._list()
                 with self._lock:
                     self._cache = {p["metadata"]["uid"]: p for p in listing.get("items") or []}
+                    for listener in self._listeners:
+                        listener.replace(list(self._cache.values()))
                 self._synced.set()
                 version = str((listing.get("metadata") or {}).get("resourceVersion") or "")
                 while not self._stop.is_set():
@@ -225,6 +250,9 @@ class KubeApiServer:
                 if self._stop.is_set():
                     break
                 self._synced.clear()  # serve fresh lists until the watch is back
+                with self._lock:
+                    for listener in self._listeners:
+                        listener.stale()
                 log.warning("watching this node's pods failed (%s); retrying in %.1f s", exc, backoff)
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 30.0)
@@ -238,8 +266,12 @@ class KubeApiServer:
         with self._lock:
             if kind in ("ADDED", "MODIFIED"):
                 self._cache[meta["uid"]] = obj
+                for listener in self._listeners:
+                    listener.upsert(obj)
             elif kind == "DELETED":
                 self._cache.pop(meta.get("uid", ""), None)
+                for listener in self._listeners:
+                    listener.remove(str(meta.get("uid", "")))
         return str(meta.get("resourceVersion") or "")
 
 

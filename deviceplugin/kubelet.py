@@ -48,6 +48,7 @@ class KubeletHoldings:
         self.timeout = timeout
         self._channel: grpc.Channel | None = None
         self._lock = threading.Lock()
+        self._get_supported = True  # until the kubelet says otherwise (per connection: it may be upgraded)
 
     def holdings(self) -> list[Holding]:
         try:
@@ -80,14 +81,39 @@ class KubeletHoldings:
                 if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNIMPLEMENTED):
                     self.close()  # the kubelet may have restarted: reconnect next time
                 raise KubeletUnavailable(f"PodResources List failed: {code.name} {exc.details()}") from exc
-        out: list[Holding] = []
-        for pod in response.pod_resources:
-            for container in pod.containers:
-                ids = [d for devices in container.devices if devices.resource_name == self.resource
-                       for d in devices.device_ids]
-                if ids:
-                    out.append(Holding(pod.namespace, pod.name, container.name, tuple(ids)))
+        return [h for pod in response.pod_resources for h in self._of(pod)]
+
+    def _of(self, pod: podresources_pb2.PodResources) -> list[Holding]:
+        out = []
+        for container in pod.containers:
+            ids = [d for devices in container.devices if devices.resource_name == self.resource
+                   for d in devices.device_ids]
+            if ids:
+                out.append(Holding(pod.namespace, pod.name, container.name, tuple(ids)))
         return out
+
+    def pod_holdings(self, namespace: str, name: str) -> list[Holding] | None:
+        """One pod's app and sidecar containers' devices by PodResources Get (beta and on by default since
+        Kubernetes 1.34, gate KubeletPodResourcesGet); None where the kubelet has no Get, so the caller lists."""
+        if not self._get_supported or not os.path.exists(self.socket):
+            return None
+        request = podresources_pb2.GetPodResourcesRequest(pod_name=name, pod_namespace=namespace)
+        try:
+            response = self._stub().Get(request, timeout=deadline.left(self.timeout))
+        except grpc.RpcError as exc:
+            code, details = exc.code(), str(exc.details() or "")
+            # pkg/kubelet/apis/podresources/server_v1.go: with the gate off Get answers "PodResources API Get method
+            # disabled", for a pod it does not know "pod NAME in namespace NS not found" (both as plain errors).
+            if code == grpc.StatusCode.UNIMPLEMENTED or "disabled" in details:
+                log.info("the kubelet has no PodResources Get (%s); listing every pod instead", details or code.name)
+                self._get_supported = False
+                return None
+            if "not found" in details:
+                return []
+            if code == grpc.StatusCode.UNAVAILABLE:
+                self.close()
+            return None  # rate limited or broken now: List decides, and says what is wrong if it fails too
+        return self._of(response.pod_resources)
 
     def from_checkpoint(self) -> list[Holding]:
         try:
@@ -109,6 +135,7 @@ class KubeletHoldings:
             if self._channel is not None:
                 self._channel.close()
                 self._channel = None
+            self._get_supported = True
 
 
 def _identity(path: str) -> tuple[int, int] | None:

@@ -150,6 +150,9 @@ class Plugin:
             os.unlink(self.settings.socket_path)
         if self._gc.is_alive():
             self._gc.join(timeout=5)
+        service: Service | None = getattr(self, "service", None)  # absent when start() failed before making it
+        if service is not None:
+            service.close()
         if self._own_api is not None:
             self._own_api.stop()
         if isinstance(self.holdings, KubeletHoldings):

@@ -8,10 +8,15 @@ from typing import Protocol
 
 from deviceplugin.apiserver import ApiServer, ApiServerError
 from deviceplugin.kubelet import KubeletUnavailable
-from deviceplugin.resolve import Holding, Owner, find_owner, other_holders
+from deviceplugin.nodeindex import NodeIndex
+from deviceplugin.resolve import Holding, Owner, find_owner, other_holders, slot_of
 from deviceplugin.trust import Refusal
 
 log = logging.getLogger(__name__)
+
+# Pods asked about one by one (PodResources Get) before listing the whole node instead: a container starts soon after
+# its pod is admitted, so few pods wait for devices of one size at a time.
+_GET_LIMIT = 4
 
 
 class PluginError(Exception):
@@ -28,6 +33,8 @@ class Holdings(Protocol):
 
     def from_checkpoint(self) -> list[Holding]: ...  # every container, init containers included
 
+    def pod_holdings(self, namespace: str, name: str) -> list[Holding] | None: ...  # PodResources Get; None: no Get
+
 
 def refused(refusal: Refusal) -> PluginError:
     log.warning("PreStartContainer refused: %s", refusal.message)
@@ -37,12 +44,16 @@ def refused(refusal: Refusal) -> PluginError:
 class Owners:
     """Resolves the exact owner of the devices a PreStartContainer names; never a guess."""
 
-    def __init__(self, kubelet: Holdings, api: ApiServer, node_name: str) -> None:
+    def __init__(self, kubelet: Holdings, api: ApiServer, node_name: str, index: NodeIndex | None = None) -> None:
         self.kubelet = kubelet
         self.api = api
         self.node_name = node_name
+        self.index = index
 
     def owner(self, device_ids: Sequence[str]) -> Owner:
+        asked = self._asked(device_ids)
+        if asked is not None:
+            return asked
         listed = self._listed()
         try:
             return self._named(find_owner(listed, device_ids))
@@ -74,6 +85,25 @@ class Owners:
             ))
         return owner
 
+    def _asked(self, device_ids: Sequence[str]) -> Owner | None:
+        """The owner found by asking the kubelet about the few pods the index says may hold these devices (a
+        PodResources Get each), or None: then the whole node is listed, as without Get."""
+        if self.index is None or not self.index.synced:
+            return None
+        hints = self.index.likely_holders(len(device_ids), slot_of(device_ids), _GET_LIMIT)
+        wanted = frozenset(device_ids)
+        for namespace, name, _ in hints or ():
+            try:
+                held = self.kubelet.pod_holdings(namespace, name)
+            except KubeletUnavailable:
+                return None
+            if held is None:
+                return None
+            containers = tuple(dict.fromkeys(h.container for h in held if frozenset(h.device_ids) == wanted))
+            if containers:
+                return Owner(namespace, name, "", containers)
+        return None
+
     def _listed(self) -> list[Holding]:
         try:
             return self.kubelet.holdings()
@@ -89,6 +119,9 @@ class Owners:
         """The checkpoint knows pod UIDs only: find the pod's name among this node's pods."""
         if owner.name:
             return owner
+        known = self.index.name_of(owner.pod_uid) if self.index is not None else None
+        if known is not None:
+            return Owner(known[0], known[1], owner.pod_uid, owner.containers)
         try:
             match = [p for p in self.api.node_pods() if (p.get("metadata") or {}).get("uid") == owner.pod_uid]
             if not match:

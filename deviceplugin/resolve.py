@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -190,9 +190,12 @@ def _recorded(
 
 def validate(
     pod: Mapping[str, Any], containers: Sequence[str], device_ids: Sequence[str], ctx: Context,
-    others: Sequence[Mapping[str, Any]],
+    others: Sequence[Mapping[str, Any]], *, usage: Callable[[int, str], tuple[int, list[str]]] | None = None,
 ) -> Accepted | NeedsPlacement:
-    """Accept the pod holding these devices only if its stamped, signed intent and its assignment hold up."""
+    """Accept the pod holding these devices only if its stamped, signed intent and its assignment hold up.
+
+    The room on the GPU is judged over `others` (this node's pods), or asked of `usage(index, exclude_uid)` (the
+    node index) when given."""
     ref = pod_ref(pod)
     who = f"pod {ref} (container {', '.join(repr(c) for c in containers)})"
     node = (pod.get("spec") or {}).get("nodeName")
@@ -232,7 +235,10 @@ def validate(
     if move:  # the same index on another GPU: the inventory changed under a running pod
         raise Refusal(move, reason="GpuShareMoved")
     slot = slot_of(device_ids)
-    used, users = node_usage(others, ctx, exclude_uid=uid).on(gpu.index)
+    if usage is not None:
+        used, users = usage(gpu.index, uid)
+    else:
+        used, users = node_usage(others, ctx, exclude_uid=uid).on(gpu.index)
     if used + intent.total > gpu.memory_units:
         raise Refusal(
             f"{who} needs {intent.total} {unit} on GPU {gpu.index}, but {used} of its {gpu.memory_units} {unit} "
@@ -254,6 +260,51 @@ def validate(
     return Accepted(ref, intent, gpu, slot, allocation, patch)
 
 
+@dataclass(frozen=True)
+class Offer:
+    """A validated pod's containers as Allocate sees them: (units, slot it already holds or None) for each."""
+
+    ref: str
+    containers: tuple[tuple[int, str | None], ...]
+
+    def takes(self, units: int, slot: str) -> bool:
+        """A container asks for exactly `units` and holds no devices yet (or holds this very slot)."""
+        return any(u == units and held in (None, slot) for u, held in self.containers)
+
+
+def allocation_offer(pod: Mapping[str, Any], ctx: Context) -> Offer | str | None:
+    """What a live pod on this node offers Allocate, a note on why a GPU-share pod does not qualify, or None
+    for a pod that is not a live GPU-share pod of this node."""
+    if not live_on_node(pod, ctx.node_name):
+        return None
+    ref = pod_ref(pod)
+    try:
+        if not demand_of(pod, ctx.contract.resource).wants_gpu:
+            return None
+    except ProtocolError:
+        return None
+    verdict = ctx.verdicts.intent(pod, ctx)  # checked once per pod version
+    if isinstance(verdict, Refusal):
+        return str(verdict)
+    annotations = read_annotations(pod)
+    try:
+        assignment = parse_assignment(annotations)
+    except ProtocolError as exc:
+        return str(exc)
+    if assignment.index is None and ctx.placement != "node":
+        return f"pod {ref} has no {IDX} annotation (is the scheduler extender configured?)"
+    recorded: Mapping[str, ContainerSlot] = {}
+    key = ctx.contract.allocation_key
+    if key in annotations:
+        try:
+            recorded = parse_allocation(annotations[key], key).containers
+        except ProtocolError as exc:
+            return f"pod {ref}: {exc}"
+    names = [*verdict.containers, *verdict.init_containers]
+    held = {n: recorded[n].slot if n in recorded else None for n in names}
+    return Offer(ref, tuple((verdict.units_of(n), held[n]) for n in names if verdict.units_of(n)))
+
+
 def allocation_candidates(
     pods: Sequence[Mapping[str, Any]], units: int, slot: str, ctx: Context
 ) -> tuple[list[str], list[str]]:
@@ -262,34 +313,16 @@ def allocation_candidates(
     found: list[str] = []
     notes: list[str] = []
     for pod in pods:
-        if not live_on_node(pod, ctx.node_name):
-            continue
-        ref = pod_ref(pod)
         try:
             demand = demand_of(pod, ctx.contract.resource)
         except ProtocolError:
             continue
         if units not in [u for _, u in demand.containers] + [i.units for i in demand.init_containers]:
-            continue
-        try:
-            intent = stamped_intent(pod, ctx, f"pod {ref}")
-            assignment = parse_assignment(read_annotations(pod))
-        except (Refusal, ProtocolError) as exc:
-            notes.append(str(exc))
-            continue
-        if assignment.index is None and ctx.placement != "node":
-            notes.append(f"pod {ref} has no {IDX} annotation (is the scheduler extender configured?)")
-            continue
-        recorded: Mapping[str, ContainerSlot] = {}
-        key = ctx.contract.allocation_key
-        if key in read_annotations(pod):
-            try:
-                recorded = parse_allocation(read_annotations(pod)[key], key).containers
-            except ProtocolError as exc:
-                notes.append(f"pod {ref}: {exc}")
-                continue
-        names = [*intent.containers, *intent.init_containers]
-        if any(intent.units_of(n) == units and (n not in recorded or recorded[n].slot == slot) for n in names):
-            found.append(ref)
+            continue  # a pod of another size is neither a candidate nor worth a note
+        offer = allocation_offer(pod, ctx)
+        if isinstance(offer, str):
+            notes.append(offer)
+        elif offer is not None and offer.takes(units, slot):
+            found.append(offer.ref)
             break  # one is enough: the check only proves the devices go to some validated pod
     return found, notes

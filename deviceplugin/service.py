@@ -15,8 +15,10 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from deviceplugin import delivery
 from deviceplugin.apiserver import ApiServer, ApiServerError, Conflict
 from deviceplugin.cdi import CdiStore, present, write_atomically
+from deviceplugin.eventqueue import EventQueue
 from deviceplugin.inventory import Inventory
 from deviceplugin.kubelet import KubeletUnavailable
+from deviceplugin.nodeindex import NodeIndex
 from deviceplugin.nodeplace import NodePlacer
 from deviceplugin.owners import Holdings, Owners, PluginError
 from deviceplugin.pins import Pin
@@ -42,7 +44,6 @@ class Service:
         self.inventory = inventory
         self.api = api
         self.kubelet = kubelet
-        self.owners = Owners(kubelet, api, settings.node_name)
         self.cdi = cdi or CdiStore(settings.cdi_dir)
         self.clock = clock
         self.context = Context(
@@ -55,6 +56,14 @@ class Service:
         self._lock = threading.Lock()
         self.pins = self.context.pins
         self.placer = NodePlacer(api, inventory, self.context)
+        self.index = NodeIndex(self.context)
+        self.owners = Owners(kubelet, api, settings.node_name, self.index)
+        self.events = EventQueue(self._post_event)
+        api.subscribe(self.index)
+
+    def close(self) -> None:
+        """Post the Events still queued (briefly) and end their thread."""
+        self.events.close()
 
     # -- Allocate ----------------------------------------------------------------------------------------
 
@@ -108,8 +117,13 @@ class Service:
             )
 
     def _check_candidates(self, units: int, slot: str) -> None:
+        if self.index.synced and self.index.has_candidate(units, slot):
+            return
         try:
-            found, notes = allocation_candidates(self.api.node_pods(), units, slot, self.context)
+            found: list[str] = []
+            notes: list[str] = []
+            if not self.index.synced:
+                found, notes = allocation_candidates(self.api.node_pods(), units, slot, self.context)
             if not found:  # the watch cache may lag behind the binding that made the kubelet admit this pod
                 found, notes = allocation_candidates(self.api.list_node_pods(), units, slot, self.context)
         except ApiServerError as exc:
@@ -149,7 +163,7 @@ class Service:
                 self._deliver(pod, owner, verdict, len(device_ids))
                 if verdict.patch:
                     self._record(pod, verdict)
-                self.pins.hold(str(pod["metadata"].get("uid")), Pin(verdict.gpu.index, verdict.gpu.uuid))
+                self._pin(str(pod["metadata"].get("uid")), Pin(verdict.gpu.index, verdict.gpu.uuid))
                 log.info("PreStartContainer: pod %s container(s) %s get GPU %s (slot %s)",
                          verdict.ref, ",".join(owner.containers), verdict.gpu.index, verdict.slot)
                 return verdict
@@ -173,6 +187,8 @@ class Service:
 
     def _validate(self, pod: Mapping[str, Any], owner: Owner, device_ids: Sequence[str]) -> Accepted | NeedsPlacement:
         try:
+            if self.index.synced:
+                return validate(pod, owner.containers, device_ids, self.context, (), usage=self.index.usage_on)
             return validate(pod, owner.containers, device_ids, self.context, self.api.node_pods())
         except Refusal as refusal:
             if refusal.reason != "GpuShareNoRoom":
@@ -239,6 +255,10 @@ class Service:
         )
 
     def _event(self, pod: Mapping[str, Any], event_type: str, reason: str, message: str) -> None:
+        """Queued: the kubelet's call is answered without waiting for the API server to take the Event."""
+        self.events.post(pod, event_type, reason, message)
+
+    def _post_event(self, pod: Mapping[str, Any], event_type: str, reason: str, message: str) -> None:
         try:
             self.api.create_event(pod, event_type, reason, message)
         except ApiServerError as exc:
@@ -257,8 +277,12 @@ class Service:
         for pod in pods:
             pin = recorded_pin(pod, self.context)
             if pin is not None:
-                self.pins.hold(str(pod["metadata"].get("uid")), pin)
+                self._pin(str(pod["metadata"].get("uid")), pin)
         self.pins.keep_only({str((p.get("metadata") or {}).get("uid")) for p in pods})
+
+    def _pin(self, uid: str, pin: Pin) -> None:
+        self.pins.hold(uid, pin)
+        self.index.repin(uid)  # its units now count on the GPU it is pinned to
 
     def collect_garbage(self) -> list[str]:
         """Forget slots and remove CDI specs whose devices the kubelet no longer assigns to any container: neither

@@ -37,7 +37,7 @@ def node_usage(pods: Sequence[Mapping[str, Any]], ctx: Context, exclude_uid: str
         uid = str((pod.get("metadata") or {}).get("uid") or "")
         if not live_on_node(pod, ctx.node_name) or (exclude_uid and uid == exclude_uid):
             continue
-        promise = _promise(pod, uid, ctx)
+        promise = promise_of(pod, uid, ctx)
         if promise is not None:
             index, units = promise
             usage.used[index] = usage.used.get(index, 0) + units
@@ -45,7 +45,8 @@ def node_usage(pods: Sequence[Mapping[str, Any]], ctx: Context, exclude_uid: str
     return usage
 
 
-def _promise(pod: Mapping[str, Any], uid: str, ctx: Context) -> tuple[int, int] | None:
+def promise_of(pod: Mapping[str, Any], uid: str, ctx: Context) -> tuple[int, int] | None:
+    """(GPU index, units) a believed pod holds on this node: its pin, else its IDX; None for any other pod."""
     pinned = ctx.pins.get(uid) if uid else None
     annotations = read_annotations(pod)
     if pinned is not None:

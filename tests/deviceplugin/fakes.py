@@ -6,14 +6,14 @@ import copy
 import itertools
 import threading
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import jsonpatch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from deviceplugin.apiserver import ApiServerError, Conflict
+from deviceplugin.apiserver import ApiServerError, Conflict, PodListener
 from deviceplugin.resolve import Holding
 from deviceplugin.settings import PluginSettings, settings_from
 from webhook.mutate import mutate
@@ -80,12 +80,57 @@ class FakeApiServer:
         self._pods: dict[tuple[str, str], dict[str, Any]] = {}
         self._versions = itertools.count(1)
         self._lock = threading.Lock()
-        self.events: list[tuple[str, str, str, str]] = []  # (pod ref, type, reason, message)
         self.patches: list[tuple[str, dict[str, str]]] = []
         self.capacity: dict[str, str] = {}
         self.stale_cache = False  # node_pods() lags: it returns the pods as of the last refresh_cache()
         self._cache: list[dict[str, Any]] = []
-        self.fail = False
+        self._listeners: list[PodListener] = []
+        self._fail = False
+        self._posted: list[tuple[str, str, str, str]] = []
+        self.settle: Callable[[], object] = lambda: None  # the rig sets it: wait for the plugin's queued Events
+
+    @property
+    def fail(self) -> bool:
+        """True: every request fails as if the API server were unreachable, and the watch breaks with it."""
+        return self._fail
+
+    @fail.setter
+    def fail(self, value: bool) -> None:
+        self._fail = value
+        with self._lock:
+            pods = copy.deepcopy(self._node_pods())
+        for listener in list(self._listeners):
+            if value:
+                listener.stale()  # as the real adapter's watch loop does when its stream breaks
+            elif not self.stale_cache:
+                listener.replace(pods)  # and lists again once it is back
+
+    @property
+    def events(self) -> list[tuple[str, str, str, str]]:
+        """Events posted so far: (pod ref, type, reason, message), after those the plugin has queued are sent."""
+        self.settle()
+        return self._posted
+
+    def subscribe(self, listener: PodListener) -> None:
+        """Like the watch of the real adapter: the pods at once, then each change (or, with stale_cache, only
+        what refresh_cache() shows)."""
+        with self._lock:
+            self._listeners.append(listener)
+            pods = self._cache if self.stale_cache else self._node_pods()
+        listener.replace(copy.deepcopy(pods))
+
+    def _node_pods(self) -> list[dict[str, Any]]:
+        return [p for p in self._pods.values() if p["spec"].get("nodeName") == self.node]
+
+    def _changed(self, pod: dict[str, Any] | None, uid: str = "") -> None:
+        """Tell the listeners (outside the lock, like the watch thread), unless the cache is frozen."""
+        if self.stale_cache:
+            return
+        for listener in list(self._listeners):
+            if pod is None:
+                listener.remove(uid)
+            elif pod["spec"].get("nodeName") == self.node:
+                listener.upsert(copy.deepcopy(pod))
 
     def add(self, pod: dict[str, Any], node: str | None = NODE, phase: str = "Pending") -> dict[str, Any]:
         with self._lock:
@@ -96,12 +141,19 @@ class FakeApiServer:
             if node is not None:
                 stored["spec"]["nodeName"] = node
             stored["status"] = {"phase": phase}
+            replaced = self._pods.get((meta["namespace"], meta["name"]))
             self._pods[(meta["namespace"], meta["name"])] = stored
-            return copy.deepcopy(stored)
+            out = copy.deepcopy(stored)
+        if replaced is not None and replaced["metadata"]["uid"] != meta["uid"]:
+            self._changed(None, replaced["metadata"]["uid"])
+        self._changed(out)
+        return copy.deepcopy(out)
 
     def delete(self, namespace: str, name: str) -> None:
         with self._lock:
-            self._pods.pop((namespace, name), None)
+            gone = self._pods.pop((namespace, name), None)
+        if gone is not None:
+            self._changed(None, gone["metadata"]["uid"])
 
     def pod(self, namespace: str, name: str) -> dict[str, Any]:
         with self._lock:
@@ -109,7 +161,10 @@ class FakeApiServer:
 
     def refresh_cache(self) -> None:
         with self._lock:
-            self._cache = [copy.deepcopy(p) for p in self._pods.values() if p["spec"].get("nodeName") == self.node]
+            self._cache = [copy.deepcopy(p) for p in self._node_pods()]
+            listeners = list(self._listeners)
+        for listener in listeners:
+            listener.replace(copy.deepcopy(self._cache))
 
     def _check(self) -> None:
         if self.fail:
@@ -146,18 +201,22 @@ class FakeApiServer:
             pod["metadata"].setdefault("annotations", {}).update(annotations)
             pod["metadata"]["resourceVersion"] = str(next(self._versions))
             self.patches.append((f"{namespace}/{name}", dict(annotations)))
-            return copy.deepcopy(pod)
+            out = copy.deepcopy(pod)
+        self._changed(out)
+        return copy.deepcopy(out)
 
     def touch(self, namespace: str, name: str) -> None:
         """Someone else changed the pod (a status update): its resourceVersion moves on."""
         with self._lock:
             self._pods[(namespace, name)]["metadata"]["resourceVersion"] = str(next(self._versions))
+            out = copy.deepcopy(self._pods[(namespace, name)])
+        self._changed(out)
 
     def create_event(self, pod: Mapping[str, Any], event_type: str, reason: str, message: str) -> None:
         self._check()
         meta = pod.get("metadata") or {}
         with self._lock:
-            self.events.append((f"{meta.get('namespace')}/{meta.get('name')}", event_type, reason, message))
+            self._posted.append((f"{meta.get('namespace')}/{meta.get('name')}", event_type, reason, message))
 
     def patch_node_capacity(self, capacity: Mapping[str, str]) -> None:
         self._check()
@@ -176,3 +235,6 @@ class FakeHoldings:
 
     def from_checkpoint(self) -> list[Holding]:
         return list(self.recorded)
+
+    def pod_holdings(self, namespace: str, name: str) -> list[Holding] | None:
+        return None  # a kubelet without PodResources Get: the plugin lists

@@ -47,6 +47,7 @@ def make_rig(tmp: Path, gpus: str = "2x8GiB", kubelet_class: type[TestKubelet] =
     kubelet.start()
     plugin = Plugin(settings, api=api, inventory=inventory, public_key=signer.public_key())
     plugin.start()
+    api.settle = plugin.service.events.flush
     try:
         yield Rig(kubelet, plugin, api, inventory, signer, settings.contract, tmp)
     finally:

@@ -251,15 +251,17 @@ def slow_rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
 def test_a_hung_api_server_cannot_hang_the_kubelet(slow_rig: Rig) -> None:
     rig = slow_rig
     rig.kubelet.wait_registrations(1)
+    rig.api.stale_cache = True
+    rig.api.refresh_cache()  # the watch has not delivered "p" yet: Allocate must ask the API server
     rig.pod("p", {"main": 2})
     release = threading.Event()
-    original = rig.api.node_pods
+    original = rig.api.list_node_pods
 
     def hung() -> list[dict[str, Any]]:
         release.wait(10)
         return original()
 
-    rig.api.node_pods = hung  # type: ignore[method-assign]
+    rig.api.node_pods = rig.api.list_node_pods = hung  # type: ignore[method-assign]
     try:
         with pytest.raises(grpc.RpcError) as caught:
             rig.kubelet.admit("team", "p", [("main", 2)])

@@ -66,7 +66,9 @@ def node(tmp_path: Path, inventory: Inventory, signer: Ed25519PrivateKey) -> Ite
     settings = plugin_settings(str(tmp_path))
 
     def service() -> Service:
-        return Service(settings, inventory, api, holdings, signer.public_key())
+        made = Service(settings, inventory, api, holdings, signer.public_key())
+        api.settle = made.events.flush
+        return made
 
     yield api, (service, list(ids))
 

@@ -1,0 +1,162 @@
+"""This node's pods indexed for the kubelet's calls, kept up to date by the pod watch: the cost of a call does not
+grow with the pods on the node."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from deviceplugin.resolve import Offer, allocation_offer
+from deviceplugin.trust import Context
+from deviceplugin.usage import live_on_node, promise_of
+from webhook.protocol import pod_ref
+
+
+@dataclass(frozen=True)
+class _Entry:
+    version: str
+    namespace: str
+    name: str
+    ref: str
+    pod: Mapping[str, Any]  # never changed: the watch replaces a changed pod by a new object
+    offer: Offer | None
+
+
+class NodeIndex:
+    """Per pod version (UID and resourceVersion): its verified Allocate offer; per device size: the pods with a
+    container still waiting for devices; per slot: the pods holding it; per GPU: the units believed pods hold.
+
+    The signature of a pod is checked once per version, when the watch delivers it (ctx.verdicts), never per call.
+    Until the first listing arrives (and while the watch is broken) `synced` is False and callers list instead.
+    """
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self._lock = threading.Lock()
+        self._synced = False
+        self._entries: dict[str, _Entry] = {}
+        self._waiting: dict[int, dict[str, None]] = {}  # units -> pods with a container of that size and no slot
+        self._holding: dict[tuple[int, str], dict[str, None]] = {}  # (units, slot) -> pods holding it
+        self._on_gpu: dict[int, dict[str, int]] = {}  # GPU index -> pod uid -> units it holds there
+        self._counted: dict[str, int] = {}  # pod uid -> the GPU index it is counted on
+
+    # -- fed by the watch ------------------------------------------------------------------------------
+
+    @property
+    def synced(self) -> bool:
+        return self._synced
+
+    def replace(self, pods: Iterable[Mapping[str, Any]]) -> None:
+        """A full listing: what it lacks is gone."""
+        listed = list(pods)
+        keep = {_uid(p) for p in listed}
+        for uid in [u for u in list(self._entries) if u not in keep]:
+            self.remove(uid)
+        for pod in listed:
+            self.upsert(pod)
+        self._synced = True
+
+    def stale(self) -> None:
+        """The watch broke: callers list the node's pods until the next full listing."""
+        self._synced = False
+
+    def upsert(self, pod: Mapping[str, Any]) -> None:
+        uid = _uid(pod)
+        if not uid:
+            return
+        meta = pod.get("metadata") or {}
+        version = str(meta.get("resourceVersion") or "")
+        known = self._entries.get(uid)
+        if known is not None and version and known.version == version:
+            return
+        offer = allocation_offer(pod, self.ctx)  # outside the lock: it may check a signature
+        promise = self._promise(uid, pod)
+        entry = _Entry(version, str(meta.get("namespace") or ""), str(meta.get("name") or ""), pod_ref(pod), pod,
+                       offer if isinstance(offer, Offer) else None)
+        with self._lock:
+            self._drop(uid)
+            self._entries[uid] = entry
+            for units, slot in entry.offer.containers if entry.offer else ():
+                table = self._waiting.setdefault(units, {}) if slot is None else self._holding.setdefault(
+                    (units, slot), {})
+                table[uid] = None
+            self._count(uid, promise)
+
+    def remove(self, uid: str) -> None:
+        with self._lock:
+            self._drop(uid)
+
+    def repin(self, uid: str) -> None:
+        """The pod's pin changed: count its units on the GPU it is pinned to."""
+        with self._lock:
+            entry = self._entries.get(uid)
+            if entry is not None:
+                self._uncount(uid)
+                self._count(uid, self._promise(uid, entry.pod))
+
+    # -- read by the kubelet's calls -------------------------------------------------------------------
+
+    def has_candidate(self, units: int, slot: str) -> bool:
+        """Some validated pod has a container asking for exactly `units` that holds no devices yet, or this slot."""
+        with self._lock:
+            return bool(self._waiting.get(units)) or bool(self._holding.get((units, slot)))
+
+    def likely_holders(self, units: int, slot: str, limit: int) -> list[tuple[str, str, str]] | None:
+        """(namespace, name, uid) of the pods that may hold these devices: those whose record names the slot
+        first, then those still waiting for devices of this size; None when there are more than `limit`."""
+        with self._lock:
+            uids = [*self._holding.get((units, slot), {}), *self._waiting.get(units, {})]
+            if len(uids) > limit:
+                return None
+            return [(self._entries[u].namespace, self._entries[u].name, u) for u in dict.fromkeys(uids)]
+
+    def usage_on(self, index: int, exclude_uid: str = "") -> tuple[int, list[str]]:
+        """Units promised on GPU `index` and to whom ("namespace/name (units)"), the pod `exclude_uid` left out."""
+        with self._lock:
+            held = self._on_gpu.get(index, {})
+            users = [(uid, units) for uid, units in held.items() if uid != exclude_uid]
+            return sum(u for _, u in users), [f"{self._entries[uid].ref} ({units})" for uid, units in users]
+
+    def name_of(self, uid: str) -> tuple[str, str] | None:
+        """(namespace, name) of the pod with this UID, if it is on this node."""
+        with self._lock:
+            entry = self._entries.get(uid)
+            return (entry.namespace, entry.name) if entry is not None else None
+
+    # -- under the lock --------------------------------------------------------------------------------
+
+    def _drop(self, uid: str) -> None:
+        entry = self._entries.pop(uid, None)
+        if entry is None:
+            return
+        for units, slot in entry.offer.containers if entry.offer else ():
+            key: Any = units if slot is None else (units, slot)
+            table = self._waiting if slot is None else self._holding
+            members = table.get(key)
+            if members is not None:
+                members.pop(uid, None)
+                if not members:
+                    del table[key]
+        self._uncount(uid)
+
+    def _promise(self, uid: str, pod: Mapping[str, Any]) -> tuple[int, int] | None:
+        if not live_on_node(pod, self.ctx.node_name):
+            return None
+        return promise_of(pod, uid, self.ctx)  # the pin first, else IDX; believed pods only
+
+    def _count(self, uid: str, promise: tuple[int, int] | None) -> None:
+        if promise is not None:
+            index, units = promise
+            self._on_gpu.setdefault(index, {})[uid] = units
+            self._counted[uid] = index
+
+    def _uncount(self, uid: str) -> None:
+        index = self._counted.pop(uid, None)
+        if index is not None:
+            self._on_gpu.get(index, {}).pop(uid, None)
+
+
+def _uid(pod: Mapping[str, Any]) -> str:
+    return str((pod.get("metadata") or {}).get("uid") or "")

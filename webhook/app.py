@@ -12,9 +12,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import orjson
 from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from flask import Flask, Response, jsonify, request
+from flask import Flask, Response, request
 from werkzeug.exceptions import RequestEntityTooLarge
 
 from webhook import signing
@@ -152,7 +153,7 @@ def create_app(
             ) from exc
 
     def answer(review: Review) -> Response:
-        return jsonify(review)
+        return Response(orjson.dumps(review), 200, mimetype="application/json")
 
     def malformed(exc: MalformedReview) -> tuple[str, int, dict[str, str]]:
         log.warning("%s %s: malformed AdmissionReview: %s", request.method, request.path, exc)

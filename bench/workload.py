@@ -75,7 +75,8 @@ def create_review(pod: dict[str, Any], uid: str = "7b1e0c4a-3f2d-4e5b-8a9c-0d1e2
         "namespace": pod["metadata"]["namespace"], "operation": "CREATE",
         "userInfo": {"username": "system:serviceaccount:kube-system:replicaset-controller",
                      "uid": "0a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d",
-                     "groups": ["system:serviceaccounts", "system:serviceaccounts:kube-system", "system:authenticated"]},
+                     "groups": ["system:serviceaccounts", "system:serviceaccounts:kube-system",
+                                "system:authenticated"]},
         "object": pod, "oldObject": None, "dryRun": False,
         "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions"},
     }

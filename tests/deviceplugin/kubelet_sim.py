@@ -62,6 +62,9 @@ class TestKubelet:
         self._watch: threading.Thread | None = None
         self.list_calls = 0
         self.list_failures: list[grpc.StatusCode] = []  # answers of the next List calls, before real ones
+        # PodResources Get: on by default from Kubernetes 1.34 (gate KubeletPodResourcesGet), off here unless asked.
+        self.get_enabled = False
+        self.get_calls = 0
 
     # -- servers ---------------------------------------------------------------------------------------
 
@@ -222,8 +225,14 @@ class TestKubelet:
     def listing(self) -> podresources_pb2.ListPodResourcesResponse:
         with self.changed:
             self.list_calls += 1
+        return self._resources()
+
+    def _resources(self, only: tuple[str, str] | None = None) -> podresources_pb2.ListPodResourcesResponse:
+        with self.changed:
             pods: dict[tuple[str, str], list[podresources_pb2.ContainerResources]] = {}
             for (namespace, pod, container), ids in self.state.assignments.items():
+                if only is not None and (namespace, pod) != only:
+                    continue
                 if self.state.kinds.get((namespace, pod, container)) == "init":
                     continue  # PodResources v1 List: app and sidecar containers only (apis/podresources/server_v1.go)
                 devices = podresources_pb2.ContainerDevices(resource_name=RESOURCE, device_ids=ids)
@@ -268,3 +277,17 @@ class _Lister(podresources_pb2_grpc.PodResourcesListerServicer):
             self.kubelet.list_calls += 1
             context.abort(self.kubelet.list_failures.pop(0), "test kubelet says no")
         return self.kubelet.listing()
+
+    def Get(
+        self, request: podresources_pb2.GetPodResourcesRequest, context: grpc.ServicerContext
+    ) -> podresources_pb2.GetPodResourcesResponse:
+        """As pkg/kubelet/apis/podresources/server_v1.go answers: plain errors (UNKNOWN) when the gate is off and
+        for a pod it does not run; else the pod's app and sidecar containers."""
+        self.kubelet.get_calls += 1
+        if not self.kubelet.get_enabled:
+            context.abort(grpc.StatusCode.UNKNOWN, "PodResources API Get method disabled")
+        found = self.kubelet._resources((request.pod_namespace, request.pod_name)).pod_resources
+        if not found:
+            context.abort(grpc.StatusCode.UNKNOWN,
+                          f"pod {request.pod_name} in namespace {request.pod_namespace} not found")
+        return podresources_pb2.GetPodResourcesResponse(pod_resources=found[0])

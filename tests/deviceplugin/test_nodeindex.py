@@ -1,0 +1,211 @@
+"""The node index fed by the watch, PodResources Get for one pod, and Events posted off the kubelet's critical path."""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from deviceplugin.eventqueue import EventQueue
+from deviceplugin.inventory import Inventory
+from deviceplugin.nodeindex import NodeIndex
+from deviceplugin.pins import Pin
+from deviceplugin.resolve import slot_of
+from deviceplugin.trust import Context
+from deviceplugin.usage import node_usage
+from tests.deviceplugin.fakes import NODE, assign, spec_pod, stamped
+from tests.deviceplugin.rig import Rig
+from webhook import signing
+from webhook.protocol import ASSIGNED, Allocation, ContainerSlot, Contract
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def ctx_for(inventory: Inventory, signer: Ed25519PrivateKey, contract: Contract) -> Context:
+    return Context(contract, NODE, signer.public_key(), {g.index: g for g in inventory.gpus}, inventory.healthy)
+
+
+def on_node(pod: dict[str, Any], uid: str, version: str = "1", phase: str = "Pending") -> dict[str, Any]:
+    out = copy.deepcopy(pod)
+    out["spec"]["nodeName"] = NODE
+    out["metadata"].update(uid=uid, resourceVersion=version)
+    out["status"] = {"phase": phase}
+    return out
+
+
+def gpu_pod(name: str, units: int, index: int | None, contract: Contract, signer: Ed25519PrivateKey,
+            uid: str = "") -> dict[str, Any]:
+    pod = stamped(spec_pod(name, {"main": units}), contract, signer)
+    if index is not None:
+        pod = assign(pod, index, 8)
+    return on_node(pod, uid or f"uid-{name}")
+
+
+def recorded(pod: dict[str, Any], inventory: Inventory, contract: Contract, slot: str) -> dict[str, Any]:
+    """The pod with the plugin's allocation record (GPU 0, container main holding `slot`)."""
+    out = copy.deepcopy(pod)
+    annotations = out["metadata"]["annotations"]
+    intent_id = json.loads(annotations[contract.intent_key])["allocationId"]
+    gpu = inventory.gpus[0]
+    record = Allocation(intent_id, NODE, 0, gpu.uuid, {"main": ContainerSlot(2, slot)})
+    annotations[contract.allocation_key] = record.to_json()
+    annotations[ASSIGNED] = "true"
+    out["metadata"]["resourceVersion"] = "2"
+    return out
+
+
+def test_the_index_answers_as_the_pod_list_does(inventory: Inventory, signer: Ed25519PrivateKey,
+                                               contract: Contract) -> None:
+    ctx = ctx_for(inventory, signer, contract)
+    index = NodeIndex(ctx)
+    assert not index.synced
+    pods = [gpu_pod("a", 2, 0, contract, signer), gpu_pod("b", 3, 0, contract, signer),
+            gpu_pod("c", 1, 1, contract, signer), gpu_pod("unplaced", 5, None, contract, signer),
+            on_node(spec_pod("plain", {"main": 0}), "uid-plain")]
+    forged = gpu_pod("forged", 4, 1, contract, signer)
+    forged["metadata"]["annotations"][contract.signature_key] = "AAAA"
+    index.replace([*pods, forged])
+    assert index.synced
+    for gpu in (0, 1):
+        for exclude in ("", "uid-a"):
+            assert index.usage_on(gpu, exclude) == node_usage([*pods, forged], ctx, exclude).on(gpu)
+    assert index.usage_on(0) == (5, ["team/a (2)", "team/b (3)"])
+    assert [index.has_candidate(units, "s") for units in (1, 2, 3, 4, 5, 6)] == [True, True, True, False, False,
+                                                                                  False]
+    assert index.name_of("uid-b") == ("team", "b")
+    assert index.likely_holders(2, "s", 4) == [("team", "a", "uid-a")]
+
+
+def test_the_index_follows_changes_deletions_pins_and_a_broken_watch(
+    inventory: Inventory, signer: Ed25519PrivateKey, contract: Contract,
+) -> None:
+    ctx = ctx_for(inventory, signer, contract)
+    index = NodeIndex(ctx)
+    a = gpu_pod("a", 2, 0, contract, signer)
+    index.replace([a])
+    slot = slot_of(["d1", "d2"])
+    index.upsert(recorded(a, inventory, contract, slot))  # allocated: its container holds the slot now
+    assert not index.has_candidate(2, "other") and index.has_candidate(2, slot)
+    assert index.likely_holders(2, slot, 4) == [("team", "a", "uid-a")]
+    ctx.pins.hold("uid-a", Pin(1, inventory.gpus[1].uuid))
+    index.repin("uid-a")  # a pinned pod counts where it runs, whatever its IDX says
+    assert (index.usage_on(0), index.usage_on(1)) == ((0, []), (2, ["team/a (2)"]))
+    index.upsert(on_node(a, "uid-a", "3", phase="Succeeded"))  # a finished pod holds nothing
+    assert index.usage_on(1) == (0, [])
+    index.remove("uid-a")
+    assert index.name_of("uid-a") is None and not index.has_candidate(2, slot)
+    index.stale()
+    assert not index.synced
+    index.replace([])
+    assert index.synced
+
+
+def test_a_pod_version_is_verified_once(inventory: Inventory, signer: Ed25519PrivateKey, contract: Contract,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    ctx = ctx_for(inventory, signer, contract)
+    index = NodeIndex(ctx)
+    calls = []
+    original = signing.verify
+
+    def counting(*args: Any) -> bool:
+        calls.append(1)
+        return bool(original(*args))
+
+    monkeypatch.setattr(signing, "verify", counting)
+    pods = [gpu_pod(f"p{n}", 1, 0, contract, signer) for n in range(5)]
+    index.replace(pods)
+    index.replace(pods)  # the watch relisting: the same versions
+    for _ in range(10):
+        index.has_candidate(1, "s")
+        index.usage_on(0)
+    assert len(calls) == 5
+
+
+def test_allocate_asks_no_api_server_when_the_watch_has_the_pod(rig: Rig) -> None:
+    rig.kubelet.wait_registrations(1)
+    rig.pod("p", {"main": 2})
+    listed = []
+    original = rig.api.list_node_pods
+
+    def counting() -> list[dict[str, Any]]:
+        listed.append(1)
+        return original()
+
+    rig.api.node_pods = rig.api.list_node_pods = counting  # type: ignore[method-assign]
+    rig.kubelet.admit("team", "p", [("main", 2)])
+    rig.kubelet.start_container("team", "p", "main")
+    assert listed == []
+    assert rig.api.pod("team", "p")["metadata"]["annotations"][ASSIGNED] == "true"
+
+
+def test_prestart_asks_the_kubelet_for_one_pod_where_get_exists(rig: Rig) -> None:
+    rig.kubelet.wait_registrations(1)
+    rig.kubelet.get_enabled = True
+    for name in ("p", "q"):
+        rig.pod(name, {"main": 2})
+        rig.kubelet.admit("team", name, [("main", 2)])
+    rig.kubelet.list_calls = 0
+    rig.kubelet.start_container("team", "q", "main")
+    rig.kubelet.start_container("team", "q", "main")  # a restart: its record names the slot
+    assert rig.kubelet.list_calls == 0 and rig.kubelet.get_calls >= 2
+    assert rig.api.pod("team", "q")["metadata"]["annotations"][ASSIGNED] == "true"
+
+
+def test_prestart_lists_where_get_is_disabled_and_stops_asking(rig: Rig) -> None:
+    rig.kubelet.wait_registrations(1)
+    rig.pod("p", {"main": 2})
+    rig.kubelet.admit("team", "p", [("main", 2)])
+    rig.kubelet.list_calls = 0
+    rig.kubelet.start_container("team", "p", "main")
+    rig.kubelet.start_container("team", "p", "main")
+    assert (rig.kubelet.get_calls, rig.kubelet.list_calls) == (1, 2)
+    assert rig.api.pod("team", "p")["metadata"]["annotations"][ASSIGNED] == "true"
+
+
+def test_prestart_answers_while_the_event_is_still_being_posted(rig: Rig) -> None:
+    rig.kubelet.wait_registrations(1)
+    rig.pod("p", {"main": 2})
+    rig.kubelet.admit("team", "p", [("main", 2)])
+    release = threading.Event()
+    original = rig.api.create_event
+
+    def slow(pod: Mapping[str, Any], event_type: str, reason: str, message: str) -> None:
+        release.wait(10)
+        original(pod, event_type, reason, message)
+
+    rig.api.create_event = slow  # type: ignore[method-assign]
+    try:
+        rig.kubelet.start_container("team", "p", "main")  # answered although the Event is held
+        assert rig.api._posted == []
+    finally:
+        release.set()
+    assert [e[2] for e in rig.api.events] == ["GpuShareAllocated"]
+
+
+def test_a_full_event_queue_drops_with_a_log_line(caplog: pytest.LogCaptureFixture) -> None:
+    started, release = threading.Event(), threading.Event()
+    sent: list[str] = []
+
+    def send(pod: Mapping[str, Any], event_type: str, reason: str, message: str) -> None:
+        started.set()
+        release.wait(10)
+        sent.append(reason)
+
+    queue = EventQueue(send, size=2)
+    pod = {"metadata": {"namespace": "team", "name": "p"}}
+    with caplog.at_level(logging.WARNING, logger="deviceplugin.eventqueue"):
+        queue.post(pod, "Normal", "R0", "m")
+        assert started.wait(5)
+        for n in range(1, 5):
+            queue.post(pod, "Normal", f"R{n}", "m")
+    release.set()
+    assert queue.flush(5)
+    queue.close()
+    assert sent == ["R0", "R1", "R2"]  # one being sent, two queued, two dropped
+    assert "the Event R4 on pod team/p was dropped because 2 Events are waiting" in caplog.text

@@ -1,95 +1,204 @@
-"""Latency of the plugin's Allocate and PreStartContainer over real unix sockets, with many pods on the node.
+"""Allocate and PreStartContainer with 8, 110 and 800 pods on the node, against an API server 1-5 ms away.
 
-Run: .venv/bin/python -m bench.bench_deviceplugin_calls [--pods 300] [--gpus 8x80GiB] [--delivery env|cdi]
-The API server is the in-memory fake of the tests, so the figures are the plugin's own cost (validation,
-signature check, PodResources round trip, CDI write), not the network's. The baseline, measured in the same
-run over the same socket, is GetDevicePluginOptions: a gRPC round trip that decides nothing.
+Run: .venv/bin/python -m bench.bench_deviceplugin_calls [--sizes 8,110,800] [--samples 40]
+The real plugin (deviceplugin.main.Plugin, its kubernetes-client adapter and pod watch) runs against the test API
+server of tests/sim over HTTPS, which here waits 1-5 ms (uniform) before answering each request, and against the
+test kubelet over real unix sockets (PodResources Get on, as in Kubernetes 1.34). The node is filled with running,
+allocated pods; then new pods are created one at a time and the kubelet's calls for each are timed: Allocate (its
+GetPreferredAllocation not counted) and PreStartContainer (resolution, validation, a GET and a PATCH of the pod).
+Baselines measured in the same run: GetDevicePluginOptions (a gRPC round trip that decides nothing) and a GET of a
+pod through the plugin's own API client (one API round trip). Exits 1 when a target is missed.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import statistics
+import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+import tests.sim.apiserver as sim
 from deviceplugin.api import deviceplugin_pb2 as pb
-from tests.deviceplugin.fakes import spec_pod, stamped
-from tests.deviceplugin.rig import make_rig
-from webhook.protocol import Assignment
+from deviceplugin.inventory import fake_gpus
+from deviceplugin.main import Plugin
+from deviceplugin.resolve import slot_of
+from deviceplugin.settings import settings_from
+from tests.deviceplugin.fakes import assign, spec_pod, stamped
+from tests.deviceplugin.kubelet_sim import TestKubelet
+from tests.sim.handler import Handler
+from webhook.protocol import ASSIGNED, Allocation, ContainerSlot, Contract
+
+NODE = "bench-node"
+GPUS = "8x128GiB"
+TARGETS = {"allocate_p99_ms": 5.0, "prestart_p99_ms": 50.0, "flat": 1.5}
 
 
-def percentile(values: list[float], q: float) -> float:
+class SlowHandler(Handler):
+    """The test API server's handler, answering 1-5 ms late like an API server across a network (watches and
+    their events are not delayed: they stream)."""
+
+    def _dispatch(self, method: str) -> None:
+        if "watch=" not in self.path:
+            time.sleep(random.uniform(0.001, 0.005))
+        super()._dispatch(method)
+
+
+def p(values: list[float], q: float) -> float:
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
 
 
-def report(name: str, seconds: list[float], baseline: float) -> None:
-    ms = [s * 1000 for s in seconds]
-    ratio = statistics.mean(seconds) / baseline
-    print(f"{name:<18} n={len(ms):<5} mean={statistics.mean(ms):7.2f} ms  p50={percentile(ms, 0.5):7.2f} ms  "
-          f"p95={percentile(ms, 0.95):7.2f} ms  max={max(ms):7.2f} ms  x baseline={ratio:6.1f}")
+def timed(call: Callable[[], object]) -> float:
+    begin = time.perf_counter()
+    call()
+    return time.perf_counter() - begin
 
 
-def main() -> None:
+class Node:
+    """One node: the slow API server, the test kubelet and the real plugin, and the pods on it."""
+
+    def __init__(self, tmp: Path) -> None:
+        vars(sim)["Handler"] = SlowHandler  # ApiServer.start builds its handler class from this module name
+        self.api = sim.ApiServer(deletion="immediate").start()
+        self.admin = self.api.client()
+        self.admin.create("nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
+        self.signer = Ed25519PrivateKey.generate()
+        public = tmp / "verify.pub"
+        public.write_bytes(self.signer.public_key().public_bytes(Encoding.PEM, PublicFormat.SubjectPublicKeyInfo))
+        self.contract = Contract(delivery="env")
+        self.gpus = fake_gpus(GPUS, NODE, "GiB")
+        self.used = [0] * len(self.gpus)
+        self.uids: dict[str, str] = {}
+        self.kubelet = TestKubelet(str(tmp / "dp"), str(tmp / "pr.sock"), lambda ns, name: self.uids[name])
+        self.kubelet.get_enabled = True
+        self.kubelet.start()
+        settings = settings_from({
+            "GPUSHARE_NODE_NAME": NODE, "GPUSHARE_VERIFY_KEY": str(public), "GPUSHARE_FAKE_GPUS": GPUS,
+            "GPUSHARE_DEVICE_PLUGIN_DIR": str(tmp / "dp"), "GPUSHARE_POD_RESOURCES_SOCKET": str(tmp / "pr.sock"),
+            "GPUSHARE_KUBELET_CHECKPOINT": str(tmp / "dp" / "kubelet_internal_checkpoint"),
+            "GPUSHARE_CDI_DIR": str(tmp / "cdi"), "GPUSHARE_FAKE_GPU_DIR": str(tmp / "fake-gpus"),
+            "GPUSHARE_KUBECONFIG": str(self.api.write_kubeconfig(tmp / "kubeconfig")),
+            "GPUSHARE_MAX_DEVICES": "100000", "GPUSHARE_LOG_LEVEL": "WARNING",
+        })
+        self.plugin = Plugin(settings)
+        self.plugin.start()
+        self.kubelet.wait_registrations(1)
+        self.stub = self.kubelet.plugin()
+        self.kubelet.wait_lists(1)
+        self.free = {g.index: list(g.device_ids()) for g in self.gpus}
+        self.count = 0
+
+    def stop(self) -> None:
+        self.plugin.stop()
+        self.kubelet.stop()
+        self.api.stop()
+
+    def _pod(self, units: int, running: bool) -> tuple[str, dict[str, Any], list[str]]:
+        self.count += 1
+        name = f"job-{self.count}"
+        index = next(i for i, g in enumerate(self.gpus) if self.used[i] + units <= g.memory_units)
+        self.used[index] += units
+        pod = assign(stamped(spec_pod(name, {"main": units}), self.contract, self.signer), index, 128)
+        pod["spec"]["nodeName"] = NODE
+        ids = [self.free[index].pop() for _ in range(units)]
+        if running:  # what the plugin recorded when it started: the allocation record and ASSIGNED=true
+            annotations = pod["metadata"]["annotations"]
+            intent = annotations[self.contract.intent_key]
+            allocation_id = str(json.loads(intent)["allocationId"])
+            gpu = self.gpus[index]
+            record = Allocation(allocation_id, NODE, index, gpu.uuid, {"main": ContainerSlot(units, slot_of(ids))})
+            annotations.update({self.contract.allocation_key: record.to_json(), ASSIGNED: "true"})
+            pod["status"] = {"phase": "Running"}
+        created = self.admin.create_pod("team", pod)
+        self.uids[name] = created["metadata"]["uid"]
+        return name, created, ids
+
+    def fill(self, size: int) -> None:
+        """Running, allocated pods of 1 GiB until the node has `size` of them."""
+        while self.count < size:
+            name, _, ids = self._pod(1, running=True)
+            with self.kubelet.changed:
+                self.kubelet.state.assignments[("team", name, "main")] = ids
+                self.kubelet.state.kinds[("team", name, "main")] = "app"
+        self.kubelet.write_checkpoint()
+        self._seen(self.uids[f"job-{self.count}"])
+
+    def _seen(self, uid: str) -> None:
+        until = time.monotonic() + 10
+        while self.plugin.service.index.name_of(uid) is None and time.monotonic() < until:
+            time.sleep(0.002)
+
+    def get_one(self) -> None:
+        """One API round trip through the plugin's own client: the baseline of PreStartContainer's GET and PATCH."""
+        assert self.plugin.api is not None
+        self.plugin.api.get_pod("team", "job-1")
+
+    def new_pod(self) -> tuple[float, float]:
+        """A new pod bound to the node, then the kubelet's Allocate and PreStartContainer for it (seconds each)."""
+        name, created, ids = self._pod(1, running=False)
+        self._seen(created["metadata"]["uid"])
+        request = pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=ids)])
+        allocate = timed(lambda: self.stub.Allocate(request, timeout=20))
+        with self.kubelet.changed:  # the kubelet records the assignment after Allocate returns
+            self.kubelet.state.assignments[("team", name, "main")] = ids
+            self.kubelet.state.kinds[("team", name, "main")] = "app"
+        self.kubelet.write_checkpoint()
+        prestart = timed(lambda: self.kubelet.start_container("team", name, "main"))
+        return allocate, prestart
+
+
+def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--pods", type=int, default=300)
-    parser.add_argument("--gpus", default="8x80GiB")
-    parser.add_argument("--delivery", default="env", choices=["env", "cdi"])
+    parser.add_argument("--sizes", default="8,110,800")
+    parser.add_argument("--samples", type=int, default=40)
     args = parser.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    rows: dict[int, dict[str, list[float]]] = {}
     with tempfile.TemporaryDirectory(prefix="gpb-", dir="/tmp") as tmp:
-        rigs = make_rig(Path(tmp), gpus=args.gpus, GPUSHARE_DELIVERY=args.delivery, GPUSHARE_MAX_DEVICES="100000")
-        rig = next(rigs)
+        node = Node(Path(tmp))
         try:
-            rig.kubelet.wait_registrations(1)
-            rng = random.Random(1)
-            gpus = rig.inventory.gpus
-            used = [0] * len(gpus)
-            names = []
-            for n in range(args.pods):
-                units = rng.randint(1, 4)
-                index = next((i for i, u in enumerate(used) if u + units <= gpus[i].memory_units), None)
-                if index is None:
-                    break
-                used[index] += units
-                pod = stamped(spec_pod(f"job-{n}", {"main": units}), rig.contract, rig.signer)
-                pod["metadata"]["annotations"].update(
-                    Assignment(index, gpus[index].memory_units, units, n, False).annotations()
-                )
-                rig.api.add(pod)
-                names.append((f"job-{n}", units))
-            stub = rig.kubelet.plugin()
-            options = []
-            for _ in range(200):
-                begin = time.perf_counter()
-                stub.GetDevicePluginOptions(pb.Empty(), timeout=5)
-                options.append(time.perf_counter() - begin)
-            baseline = statistics.mean(options)
-            allocate, prestart = [], []
-            for name, units in names:
-                begin = time.perf_counter()
-                rig.kubelet.admit("team", name, [("main", units)])
-                allocate.append(time.perf_counter() - begin)
-            rng.shuffle(names)
-            for name, _ in names:
-                begin = time.perf_counter()
-                rig.kubelet.start_container("team", name, "main")
-                prestart.append(time.perf_counter() - begin)
-            restart = []
-            for name, _ in names[:50]:
-                begin = time.perf_counter()
-                rig.kubelet.start_container("team", name, "main")
-                restart.append(time.perf_counter() - begin)
-            print(f"{len(names)} pods on {args.gpus}, delivery {args.delivery}")
-            report("Options (baseline)", options, baseline)
-            report("Allocate", allocate, baseline)
-            report("PreStartContainer", prestart, baseline)
-            report("PreStart (restart)", restart, baseline)
+            for size in sizes:
+                node.fill(size)
+                got: dict[str, list[float]] = {"allocate": [], "prestart": [], "options": [], "get": []}
+                for _ in range(args.samples):
+                    allocate, prestart = node.new_pod()
+                    got["allocate"].append(allocate)
+                    got["prestart"].append(prestart)
+                    got["options"].append(timed(lambda: node.stub.GetDevicePluginOptions(pb.Empty(), timeout=5)))
+                    got["get"].append(timed(node.get_one))
+                rows[size] = got
         finally:
-            rigs.close()
+            node.stop()
+    print(f"Allocate and PreStartContainer, API server 1-5 ms away, {GPUS}, {args.samples} new pods per size "
+          "(ms: p50 / p99)")
+    print(f"{'pods on node':>12} {'Options':>15} {'API GET':>15} {'Allocate':>15} {'PreStart':>15}")
+    for size, got in rows.items():
+        cells = [f"{p(got[k], 0.5):6.2f} / {p(got[k], 0.99):6.2f}" for k in ("options", "get", "allocate", "prestart")]
+        print(f"{size:>12} " + " ".join(f"{c:>15}" for c in cells))
+    checks: list[tuple[str, bool]] = []
+    for size, got in rows.items():
+        checks.append((f"Allocate p99 at {size} pods < {TARGETS['allocate_p99_ms']:g} ms",
+                       p(got["allocate"], 0.99) < TARGETS["allocate_p99_ms"]))
+        checks.append((f"PreStartContainer p99 at {size} pods < {TARGETS['prestart_p99_ms']:g} ms",
+                       p(got["prestart"], 0.99) < TARGETS["prestart_p99_ms"]))
+    small, large = rows[min(rows)], rows[max(rows)]
+    for call in ("allocate", "prestart"):
+        ratio = statistics.median(large[call]) / statistics.median(small[call])
+        checks.append((f"{call} flat: median at {max(rows)} pods / at {min(rows)} pods = {ratio:.2f} "
+                       f"<= {TARGETS['flat']}", ratio <= TARGETS["flat"]))
+    for text, met in checks:
+        print(f"{'met   ' if met else 'MISSED'} {text}")
+    return 0 if all(met for _, met in checks) else 1
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,0 +1,144 @@
+"""The chart's values: which fields of the rendered manifests each value sets, and what it means.
+
+A value's default is read from the manifests themselves (the field it replaces), so the chart with its default
+values renders exactly the objects of the overlays.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+CERT_MANAGER, SELF_SIGNED = "cert-manager", "self-signed"
+# The value that picks the overlay, and the overlay each choice renders.
+MODE_VALUE = "certificates"
+MODES = {CERT_MANAGER: "cert-manager", SELF_SIGNED: "self-signed"}
+MODE_DOC = ("Where the webhook's serving certificate and the intent-signing key come from: cert-manager (its "
+            "Issuers and Certificates, and a Job for the signing key; cert-manager must be installed) or self-signed "
+            "(run `gpushare-certs install --namespace gpushare-system` after installing; see docs/helm.md). "
+            "The same objects as manifests/cert-manager and manifests/self-signed.")
+
+
+@dataclass(frozen=True)
+class Where:
+    """Fields of rendered objects: kind, name (`*` for any) and a path such as
+    `spec.template.spec.containers[name=webhook].resources` (`[*]` every item, `[0]` the first)."""
+
+    kind: str
+    name: str
+    path: str
+
+
+@dataclass(frozen=True)
+class Value:
+    path: str  # in values.yaml, dotted
+    doc: str
+    enum: tuple[str, ...] = ()
+
+
+def _one(value: Any) -> tuple[Any, ...]:
+    return (value,)
+
+
+def split_image(image: Any) -> tuple[Any, ...]:
+    """`registry:5000/gpushare:0.1.0` -> (`registry:5000/gpushare`, `0.1.0`); a colon before the last `/` is a port."""
+    text = str(image)
+    name, sep, tag = text.rpartition(":")
+    if not sep or "/" in tag:
+        raise ValueError(f"the manifests' image {text!r} has no tag; give it one in the overlay's images: entry")
+    return name, tag
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One or more values that together set the fields `where` (all of which hold the same value in the
+    manifests). `block` fields are maps or lists written with toYaml; the others are scalars."""
+
+    where: tuple[Where, ...]
+    values: tuple[Value, ...]
+    expression: str = ""  # a Helm action for the field; empty: the single value itself
+    block: bool = False
+    defaults: Callable[[Any], tuple[Any, ...]] = field(default=_one)
+
+
+CONTAINERS = "spec.template.spec.containers[*]"
+WEBHOOK = "spec.template.spec.containers[name=webhook]"
+PLUGIN = "spec.template.spec.containers[name=device-plugin]"
+
+KNOBS: tuple[Knob, ...] = (
+    Knob(
+        where=(Where("*", "*", f"{CONTAINERS}.image"),),
+        values=(Value("image.repository", "The image all workloads run (see Dockerfile), without its tag."),
+                Value("image.tag", "Its tag.")),
+        expression='{{ printf "%s:%s" .Values.image.repository (toString .Values.image.tag) | quote }}',
+        defaults=split_image,
+    ),
+    Knob(
+        where=(Where("*", "*", f"{CONTAINERS}.imagePullPolicy"),),
+        values=(Value("image.pullPolicy", "When the kubelet pulls the image.", ("Always", "IfNotPresent", "Never")),),
+    ),
+    Knob(
+        where=(Where("ConfigMap", "gpushare-config", "data.GPUSHARE_DELIVERY"),),
+        values=(Value("config.delivery", "How a container gets its GPU: env (downward-API env, needs the scheduler "
+                      "extender) or cdi (CDI devices written by the plugin). See docs/deploy.md, Settings.",
+                      ("env", "cdi")),),
+    ),
+    Knob(
+        where=(Where("ConfigMap", "gpushare-config", "data.GPUSHARE_UNIT"),),
+        values=(Value("config.unit", "One device of the resource per GiB or per MiB of GPU memory.",
+                      ("GiB", "MiB")),),
+    ),
+    Knob(
+        where=(Where("ConfigMap", "gpushare-config", "data.GPUSHARE_LOG_LEVEL"),),
+        values=(Value("config.logLevel", "Log level of the webhook and the plugins.",
+                      ("DEBUG", "INFO", "WARNING", "ERROR")),),
+    ),
+    Knob(
+        where=(Where("Deployment", "gpushare-webhook", "spec.replicas"),),
+        values=(Value("webhook.replicas", "Webhook replicas; keep two or more (the PodDisruptionBudget keeps one "
+                      "available)."),),
+    ),
+    Knob(
+        where=(Where("Deployment", "gpushare-webhook", f"{WEBHOOK}.resources"),),
+        values=(Value("webhook.resources", "The webhook container's resource requests and limits."),),
+        block=True,
+    ),
+    Knob(
+        where=(Where("DaemonSet", "gpushare-device-plugin", f"{PLUGIN}.env[name=GPUSHARE_PLACEMENT].value"),),
+        values=(Value("devicePlugin.placement", "Who picks the GPU: the scheduler extender, or the plugin on the "
+                      "node (node, cdi delivery only).", ("extender", "node")),),
+    ),
+    Knob(
+        where=(Where("DaemonSet", "gpushare-device-plugin", "spec.template.spec.nodeSelector"),),
+        values=(Value("devicePlugin.nodeSelector", "The nodes that run the device plugin (label your GPU nodes)."),),
+        block=True,
+    ),
+    Knob(
+        where=(Where("DaemonSet", "gpushare-device-plugin", "spec.template.spec.tolerations"),),
+        values=(Value("devicePlugin.tolerations", "Taints of GPU nodes the device plugin tolerates."),),
+        block=True,
+    ),
+    Knob(
+        where=(Where("DaemonSet", "gpushare-device-plugin", f"{PLUGIN}.resources"),),
+        values=(Value("devicePlugin.resources", "The device plugin container's resource requests and limits."),),
+        block=True,
+    ),
+    Knob(
+        where=(Where("NetworkPolicy", "gpushare-webhook-from-apiserver", "spec.ingress[0].from"),),
+        values=(Value("networkPolicy.from", "The API server's source addresses (NetworkPolicyPeers); the "
+                      "default is a documentation range that matches nothing. See manifests/network-policy."),),
+        block=True,
+    ),
+)
+
+# The optional components of manifests/ (folder -> what its switch means); the chart's value is
+# `<camelCase folder>.enabled`, off by default, as a component is until an overlay lists it.
+COMPONENT_DOCS = {
+    "network-policy": "Admit only the API server to the webhook's port (set networkPolicy.from first).",
+}
+
+
+def component_value(folder: str) -> str:
+    head, *rest = folder.split("-")
+    return head + "".join(word.capitalize() for word in rest)

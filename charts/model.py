@@ -1,0 +1,182 @@
+"""The chart as data: the overlays' objects merged into one list, each part of it under the value that selects it.
+
+Objects both overlays render alike are unconditional; objects or fields only one overlay or component has are
+kept under a condition on the value that selects it; fields the chart's values set are marked with their knob.
+The generator refuses what it cannot express (a field the overlays set to two different values), so the chart
+can never silently differ from the manifests.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from charts import kustomize
+from charts.knobs import KNOBS, MODE_VALUE, MODES, Knob, Where, component_value
+from charts.kustomize import Obj, key
+
+
+class ModelError(Exception):
+    """The manifests hold something the chart cannot express; the text names the object, the field and the fix."""
+
+
+@dataclass
+class When:
+    """A field present only while `condition` (a Helm expression) holds."""
+
+    condition: str
+    value: Any
+
+
+@dataclass
+class Knobbed:
+    """A field whose value comes from KNOBS[index]."""
+
+    index: int
+
+
+@dataclass
+class Part:
+    obj: Obj
+    origin: str  # the manifest file it comes from
+    condition: str | None  # the whole object only while this holds
+
+
+def mode_condition(mode: str) -> str:
+    return f'eq .Values.{MODE_VALUE} "{mode}"'
+
+
+def component_condition(folder: str) -> str:
+    return f".Values.{component_value(folder)}.enabled"
+
+
+def merge(base: Any, variant: Any, only_variant: str, only_base: str, where: str) -> Any:
+    """One tree for two renders that differ only by added or removed map keys (kept under conditions)."""
+    if base == variant:
+        return base
+    if isinstance(base, dict) and isinstance(variant, dict):
+        merged: dict[str, Any] = {}
+        for k in [*base, *(k for k in variant if k not in base)]:
+            if k not in variant:
+                merged[k] = When(only_base, base[k])
+            elif k not in base:
+                merged[k] = When(only_variant, variant[k])
+            else:
+                merged[k] = merge(base[k], variant[k], only_variant, only_base, f"{where}.{k}")
+        return merged
+    raise ModelError(f"{where} differs between the renders ({base!r} and {variant!r}); the chart can only keep fields "
+                     "that one render adds or removes. Express the difference as an added field, or as a chart "
+                     "value in charts/knobs.py.")
+
+
+def _rendered(overlay: str, parts: tuple[str, ...] = ()) -> dict[tuple[str, str, str], tuple[Obj, str]]:
+    out = {}
+    for obj in kustomize.render(overlay, parts, origins=True):
+        source = kustomize.origin(obj)
+        out[key(obj)] = (obj, source)
+    return out
+
+
+def _describe(k: tuple[str, str, str]) -> str:
+    kind, namespace, name = k
+    return f"{kind} {namespace + '/' if namespace else ''}{name}"
+
+
+def objects() -> list[Part]:
+    """Every object of both overlays and of every component, under the value that selects it."""
+    (cm_mode, cm_dir), (ss_mode, ss_dir) = sorted(MODES.items())
+    cm, ss = _rendered(cm_dir), _rendered(ss_dir)
+    parts: dict[tuple[str, str, str], Part] = {}
+    for k in [*cm, *(k for k in ss if k not in cm)]:
+        if k not in ss:
+            parts[k] = Part(cm[k][0], cm[k][1], mode_condition(cm_mode))
+        elif k not in cm:
+            parts[k] = Part(ss[k][0], ss[k][1], mode_condition(ss_mode))
+        else:
+            obj = merge(ss[k][0], cm[k][0], mode_condition(cm_mode), mode_condition(ss_mode), _describe(k))
+            parts[k] = Part(obj, ss[k][1], None)
+    for folder in kustomize.components():
+        condition = component_condition(folder)
+        for k, (obj, source) in _rendered(ss_dir, (folder,)).items():
+            if k not in ss:
+                parts[k] = Part(obj, source, condition)
+            elif obj != ss[k][0]:
+                if parts[k].obj != ss[k][0]:
+                    raise ModelError(f"{_describe(k)} differs both by certificate mode and by component {folder}; "
+                                     "the chart generator cannot express both on one object.")
+                parts[k].obj = merge(ss[k][0], obj, condition, f"not {condition}", _describe(k))
+    return list(parts.values())
+
+
+_STEP = re.compile(r"^([^\[\]]+)(?:\[(\*|\d+|[\w.-]+=[^\]]+)\])?$")
+
+
+def _children(node: Any, step: str, where: str) -> Iterator[tuple[Any, Any]]:
+    """(container, key) of the fields one path step reaches from `node`."""
+    match = _STEP.match(step)
+    if match is None:
+        raise ModelError(f"{where}: cannot read the path step {step!r}")
+    name, selector = match.groups()
+    if isinstance(node, When):
+        node = node.value
+    if not isinstance(node, dict) or name not in node:
+        return
+    if selector is None:
+        yield node, name
+        return
+    items = node[name].value if isinstance(node[name], When) else node[name]
+    for index, item in enumerate(items):
+        if selector == "*" or selector == str(index):
+            yield items, index
+        elif "=" in selector:
+            field, wanted = selector.split("=", 1)
+            if isinstance(item, dict) and str(item.get(field)) == wanted:
+                yield items, index
+
+
+def _fields(obj: Obj, path: str) -> list[tuple[Any, Any]]:
+    found: list[tuple[Any, Any]] = [({"": obj}, "")]
+    for step in path.split("."):
+        found = [c for parent, k in found for c in _children(parent[k], step, path)]
+    return found
+
+
+def _matches(parts: list[Part], where: Where) -> list[tuple[Any, Any]]:
+    out = []
+    for part in parts:
+        kind, name = part.obj["kind"], part.obj["metadata"]["name"]
+        if where.kind in (kind, "*") and where.name in (name, "*"):
+            out.extend(_fields(part.obj, where.path))
+    return out
+
+
+def apply_knobs(parts: list[Part]) -> dict[str, Any]:
+    """Mark every field a knob sets; returns each value's default (what the manifests hold there)."""
+    defaults: dict[str, Any] = {}
+    for index, knob in enumerate(KNOBS):
+        fields = [f for where in knob.where for f in _matches(parts, where)]
+        names = ", ".join(v.path for v in knob.values)
+        if not fields:
+            raise ModelError(f"The chart value {names} sets {knob.where}, which no object of the manifests has; "
+                             "fix the path in charts/knobs.py.")
+        held = [parent[k].value if isinstance(parent[k], When) else parent[k] for parent, k in fields]
+        if any(h != held[0] for h in held):
+            raise ModelError(f"The fields the chart value {names} sets hold different values in the manifests "
+                             f"({held}); give them one value, or split the knob in charts/knobs.py.")
+        for value, default in zip(knob.values, _defaults(knob, held[0]), strict=True):
+            defaults[value.path] = default
+        for parent, k in fields:
+            if isinstance(parent[k], When):
+                parent[k].value = Knobbed(index)
+            else:
+                parent[k] = Knobbed(index)
+    return defaults
+
+
+def _defaults(knob: Knob, held: Any) -> tuple[Any, ...]:
+    try:
+        return knob.defaults(held)
+    except ValueError as exc:
+        raise ModelError(str(exc)) from None

@@ -1,0 +1,175 @@
+"""The Helm chart renders the kustomize overlays' objects for the same values, lints clean, and is generated."""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from charts import generate, kustomize
+from charts.knobs import KNOBS, MODE_VALUE, component_value
+from tests.manifests import helm
+from tests.manifests.helm import CHART, Obj
+from tests.manifests.render import find, kubectl
+
+# A cold build of helm (once per machine) happens in the first test that needs it.
+pytestmark = pytest.mark.timeout(helm.BUILD_TIMEOUT)
+
+IMAGE = {"repository": "registry.example/team/gpushare", "tag": "1.2.3", "pullPolicy": "Always"}
+WEBHOOK_RESOURCES = {"requests": {"cpu": "200m", "memory": "256Mi"}, "limits": {"cpu": "2", "memory": "512Mi"}}
+PLUGIN_RESOURCES = {"requests": {"cpu": "20m", "memory": "64Mi"}, "limits": {"memory": "128Mi"}}
+NODE_SELECTOR = {"nvidia.com/gpu.present": "true"}
+TOLERATIONS = [{"operator": "Exists"}]
+PEERS = [{"ipBlock": {"cidr": "10.0.0.0/28"}}, {"ipBlock": {"cidr": "10.0.1.0/28"}}]
+
+# Every value of the chart set away from its default ...
+CUSTOM_VALUES: Obj = {
+    "image": IMAGE,
+    "config": {"delivery": "cdi", "unit": "MiB", "logLevel": "DEBUG"},
+    "webhook": {"replicas": 3, "resources": WEBHOOK_RESOURCES},
+    "devicePlugin": {"placement": "node", "nodeSelector": NODE_SELECTOR, "tolerations": TOLERATIONS,
+                     "resources": PLUGIN_RESOURCES},
+    "networkPolicy": {"enabled": True, "from": PEERS},
+}
+
+
+def _replace(kind: str, name: str, path: str, value: Any) -> Obj:
+    return {"target": {"kind": kind, "name": name},
+            "patch": yaml.safe_dump([{"op": "replace", "path": path, "value": value}])}
+
+
+def _plugin_patch(spec: Obj) -> Obj:
+    """A strategic-merge patch of the DaemonSet's pod spec: maps merge into what is there, as Helm merges a map
+    value into its default."""
+    return {"patch": yaml.safe_dump({
+        "apiVersion": "apps/v1", "kind": "DaemonSet",
+        "metadata": {"name": "gpushare-device-plugin", "namespace": "gpushare-system"},
+        "spec": {"template": {"spec": spec}}})}
+
+
+def custom_kustomization(overlay: str) -> Obj:
+    """... and the same settings as an operator writes them in a kustomize overlay of the manifests."""
+    workloads = [("Deployment", "gpushare-webhook"), ("DaemonSet", "gpushare-device-plugin")]
+    if overlay == "cert-manager":
+        workloads.append(("Job", "gpushare-signing-key"))
+    first = "/spec/template/spec/containers/0"
+    plugin_env = [e["name"] for e in find(manifests(overlay), "DaemonSet", "gpushare-device-plugin")
+                  ["spec"]["template"]["spec"]["containers"][0]["env"]]
+    return {
+        "images": [{"name": "gpushare", "newName": IMAGE["repository"], "newTag": IMAGE["tag"]}],
+        "replicas": [{"name": "gpushare-webhook", "count": 3}],
+        "patches": [
+            *(_replace(kind, name, f"{first}/imagePullPolicy", "Always") for kind, name in workloads),
+            {"patch": yaml.safe_dump({
+                "apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": "gpushare-config", "namespace": "gpushare-system"},
+                "data": {"GPUSHARE_DELIVERY": "cdi", "GPUSHARE_UNIT": "MiB", "GPUSHARE_LOG_LEVEL": "DEBUG"}})},
+            _replace("Deployment", "gpushare-webhook", f"{first}/resources", WEBHOOK_RESOURCES),
+            # In place (a strategic-merge patch would move the entry to the front of the list).
+            _replace("DaemonSet", "gpushare-device-plugin", f"{first}/env/{plugin_env.index('GPUSHARE_PLACEMENT')}",
+                     {"name": "GPUSHARE_PLACEMENT", "value": "node"}),
+            _plugin_patch({"nodeSelector": NODE_SELECTOR,
+                           "containers": [{"name": "device-plugin", "resources": PLUGIN_RESOURCES}]}),
+            # Lists replace the default, in Helm as in a JSON patch.
+            _replace("DaemonSet", "gpushare-device-plugin", "/spec/template/spec/tolerations", TOLERATIONS),
+            _replace("NetworkPolicy", "gpushare-webhook-from-apiserver", "/spec/ingress/0/from", PEERS),
+        ],
+    }
+
+
+def manifests(overlay: str, parts: list[str] | None = None, extra: Obj | None = None) -> list[Obj]:
+    kubectl()  # skips, saying why, where kubectl is missing
+    return kustomize.render(overlay, parts or [], extra)
+
+
+def by_key(objs: list[Obj]) -> dict[tuple[str, str, str], Obj]:
+    out = {kustomize.key(o): o for o in objs}
+    assert len(out) == len(objs), "two objects share kind, namespace and name"
+    return out
+
+
+def assert_same_objects(chart: list[Obj], manifests: list[Obj]) -> None:
+    rendered, expected = by_key(chart), by_key(manifests)
+    assert sorted(rendered) == sorted(expected), "the chart and the overlay render different sets of objects"
+    for k, obj in expected.items():
+        if rendered[k] != obj:
+            diff = difflib.unified_diff(yaml.safe_dump(obj).splitlines(), yaml.safe_dump(rendered[k]).splitlines(),
+                                        "kustomize", "helm", lineterm="")
+            raise AssertionError(f"{k} differs:\n" + "\n".join(diff))
+
+
+def test_committed_chart_is_what_the_generator_writes() -> None:
+    kubectl()
+    assert generate.differences() == [], "run `./dev chart` and commit charts/gpushare"
+
+
+@pytest.mark.parametrize("overlay", ["cert-manager", "self-signed"])
+def test_default_values_render_the_overlay(overlay: str) -> None:
+    sets = [] if overlay == generate.DEFAULT_MODE else [f"certificates={overlay}"]
+    assert_same_objects(helm.template(sets=sets), manifests(overlay))
+
+
+@pytest.mark.parametrize("overlay", ["cert-manager", "self-signed"])
+def test_every_value_renders_what_the_same_kustomize_overlay_does(overlay: str, tmp_path: Path) -> None:
+    values = tmp_path / "values.yaml"
+    values.write_text(yaml.safe_dump({**CUSTOM_VALUES, "certificates": overlay}))
+    expected = manifests(overlay, ["network-policy"], custom_kustomization(overlay))
+    assert_same_objects(helm.template(values), expected)
+
+
+def test_every_component_is_a_switch_of_the_chart() -> None:
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    for folder in kustomize.components():
+        switch = component_value(folder)
+        assert values[switch]["enabled"] is False, f"component {folder} is off by default, as in the overlays"
+        added = {kustomize.key(o) for o in helm.template(sets=[f"{switch}.enabled=true"])} - {
+            kustomize.key(o) for o in helm.template()}
+        assert added == {kustomize.key(o) for o in manifests("cert-manager", [folder])} - {
+            kustomize.key(o) for o in manifests("cert-manager")}
+
+
+@pytest.mark.parametrize("sets", [
+    [], ["certificates=self-signed"], ["networkPolicy.enabled=true"],
+    ["config.delivery=cdi,devicePlugin.placement=node"],
+])
+def test_helm_lint_is_clean(sets: list[str]) -> None:
+    args = ["lint", "--strict", str(CHART)] + [a for s in sets for a in ("--set", s)]
+    done = helm.run(args)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output
+    assert "0 chart(s) failed" in output
+    assert "[WARNING]" not in output and "[ERROR]" not in output, output
+
+
+@pytest.mark.parametrize(("setting", "named"), [
+    ("certificates=letsencrypt", "certificates"),
+    ("config.delivery=both", "delivery"),
+    ("devicePlugin.placement=anywhere", "placement"),
+    ("webhok.replicas=3", "webhok"),
+    ("webhook.replicas=two", "replicas"),
+    ("image.pullPolicy=Sometimes", "pullPolicy"),
+])
+def test_a_bad_value_is_refused_naming_it(setting: str, named: str) -> None:
+    done = helm.run(["template", helm.RELEASE, str(CHART), "--set", setting])
+    assert done.returncode != 0
+    assert named in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_chart_metadata_agrees_with_the_manifests() -> None:
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert chart["appVersion"] == values["image"]["tag"]
+    assert chart["kubeVersion"] == ">=1.30.0-0"  # matchConditions and v1 ValidatingAdmissionPolicy
+    assert values["certificates"] == generate.DEFAULT_MODE
+
+
+def test_every_value_is_in_the_docs_table() -> None:
+    docs = (helm.REPO / "docs" / "helm.md").read_text()
+    paths = [MODE_VALUE, *(v.path for knob in KNOBS for v in knob.values),
+             *(f"{component_value(folder)}.enabled" for folder in kustomize.components())]
+    missing = [p for p in paths if f"| `{p}` |" not in docs]
+    assert missing == [], f"docs/helm.md's values table lacks {missing}"

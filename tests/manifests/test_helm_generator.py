@@ -1,0 +1,71 @@
+"""The chart generator keeps what it can express and refuses, naming the field, what it cannot."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import yaml
+
+from charts import generate
+from charts.knobs import KNOBS, split_image
+from charts.model import Knobbed, ModelError, When, merge
+
+CM, SS = 'eq .Values.certificates "cert-manager"', 'eq .Values.certificates "self-signed"'
+
+
+@pytest.mark.parametrize(("base", "variant", "merged"), [
+    ({"a": 1}, {"a": 1}, {"a": 1}),
+    ({"metadata": {"name": "x"}}, {"metadata": {"name": "x", "annotations": {"k": "v"}}},
+     {"metadata": {"name": "x", "annotations": When(CM, {"k": "v"})}}),
+    ({"data": {"a": "1", "b": "2"}}, {"data": {"a": "1"}}, {"data": {"a": "1", "b": When(SS, "2")}}),
+])
+def test_merge_keeps_added_and_removed_keys_under_their_condition(base: Any, variant: Any, merged: Any) -> None:
+    assert merge(base, variant, CM, SS, "X") == merged
+
+
+@pytest.mark.parametrize(("base", "variant", "named"), [
+    ({"spec": {"replicas": 2}}, {"spec": {"replicas": 3}}, "X.spec.replicas"),
+    ({"items": [1, 2]}, {"items": [1, 3]}, "X.items"),
+])
+def test_merge_refuses_a_field_the_renders_set_differently(base: Any, variant: Any, named: str) -> None:
+    with pytest.raises(ModelError, match=named.replace(".", r"\.")):
+        merge(base, variant, CM, SS, "X")
+
+
+def test_a_conditional_key_becomes_an_if_block_that_renders_like_the_source() -> None:
+    obj = {"metadata": {"name": "x", "annotations": When(CM, {"k": "v"})}, "spec": {"a": 1}}
+    text = generate._Writer({}).text(obj)
+    lines = text.splitlines()
+    assert lines[2:6] == [f"  {{{{- if {CM} }}}}", "  annotations:", "    k: v", "  {{- end }}"]
+    # With the condition's lines left out (false) or kept (true), the text is the object without or with the key.
+    without = "\n".join(line for line in lines if "{{" not in line and "k: v" not in line
+                        and "annotations" not in line)
+    assert yaml.safe_load(without) == {"metadata": {"name": "x"}, "spec": {"a": 1}}
+    assert yaml.safe_load("\n".join(line for line in lines if "{{" not in line)) == {
+        "metadata": {"name": "x", "annotations": {"k": "v"}}, "spec": {"a": 1}}
+
+
+def test_a_template_action_in_the_manifests_is_refused() -> None:
+    with pytest.raises(ModelError, match="Helm would read as a template action"):
+        generate._Writer({}).text({"data": {"x": "{{ .Values.secret }}"}})
+
+
+def test_knob_fields_become_value_expressions() -> None:
+    index = next(i for i, k in enumerate(KNOBS) if k.values[0].path == "webhook.replicas")
+    text = generate._Writer({"webhook.replicas": 2}).text({"spec": {"replicas": Knobbed(index)}})
+    assert "replicas: {{ .Values.webhook.replicas }}" in text
+
+
+@pytest.mark.parametrize(("image", "parts"), [
+    ("gpushare:0.1.0", ("gpushare", "0.1.0")),
+    ("registry.example:5000/team/gpushare:1.2", ("registry.example:5000/team/gpushare", "1.2")),
+])
+def test_split_image(image: str, parts: tuple[str, str]) -> None:
+    assert split_image(image) == parts
+
+
+@pytest.mark.parametrize("image", ["gpushare", "registry.example:5000/gpushare"])
+def test_an_image_without_a_tag_is_refused(image: str) -> None:
+    with pytest.raises(ValueError, match="has no tag"):
+        split_image(image)

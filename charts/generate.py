@@ -44,7 +44,7 @@ _Dumper.add_representer(str, _str)
 
 
 def _dump(data: Any) -> str:
-    text: str = yaml.dump(data, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=1000)
+    text: str = yaml.dump(data, Dumper=_Dumper, sort_keys=True, default_flow_style=False, width=1000)
     return text
 
 

@@ -12,7 +12,7 @@ ENV PIP_NO_CACHE_DIR=1 \
 # Every dependency ships binary wheels for linux/amd64 and linux/arm64 (grpcio, cryptography, protobuf), so this
 # stage needs no compiler, and the runtime stage gets neither a compiler nor pip in its virtual environment.
 RUN python -m venv /opt/venv
-COPY pyproject.toml README.md gunicorn.conf.py /app/
+COPY pyproject.toml README.md LICENSE gunicorn.conf.py /app/
 COPY webhook /app/webhook
 COPY deviceplugin /app/deviceplugin
 COPY certs /app/certs

@@ -8,14 +8,15 @@ import sys
 import tempfile
 from typing import Any
 
-from webhook.serve import ReloadingTLS
-from webhook.settings import SettingsError, from_environ
+from webhook import logsetup
+from webhook.serve import ReloadingTLS, checked
 
-try:
-    _settings = from_environ()
-except SettingsError as _exc:
-    print(f"The webhook cannot start: {_exc}.", file=sys.stderr)
+# Every setting and file is checked here, before gunicorn binds; the address is only bound for a trial by
+# `gpushare-webhook` (webhook/serve.py), as gunicorn may already hold it when it reloads this file.
+_checked = checked(os.environ, try_bind=False)
+if _checked is None:
     sys.exit(2)
+_settings = _checked
 
 wsgi_app = "webhook.app:create_app_from_env()"
 bind = [_settings.bind]
@@ -36,6 +37,9 @@ keepalive = 30
 loglevel = _settings.log_level.lower()
 accesslog = None
 errorlog = "-"
+# One stream, one format (GPUSHARE_LOG_FORMAT: text or json) for the app and gunicorn's error and access logs.
+logsetup.configure(_settings.log_level, _settings.log_format)
+logger_class = "webhook.serve.GunicornLogger"
 certfile = _settings.tls_cert
 keyfile = _settings.tls_key
 # Bodies over GPUSHARE_MAX_BODY_BYTES are refused by the app with a 400; headers over 16 KiB by the front (431).

@@ -13,6 +13,12 @@ from typing import Any
 
 from certs import commands
 from certs.build import DEFAULT_NAMESPACE, DEFAULT_SERVICE, DEV_HOSTS, SECRET_FILES, dev_bundle
+from webhook import cli
+
+VARIABLES = (
+    cli.Variable("KUBECONFIG", "~/.kube/config", "install, rotate, signing-key: the kubeconfig when --kubeconfig is "
+                 "not given (--in-cluster: the pod's ServiceAccount instead)"),
+)
 
 DEV_FILES = ("ca.crt", "ca.key", "tls.crt", "tls.key", "signing.key", "signing.pub")
 
@@ -81,8 +87,10 @@ REGISTRARS: tuple[Callable[[Subparsers], None], ...] = (register_dev, commands.r
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="gpushare-certs", description="Certificates and intent-signing keys for the gpushare webhook."
+    parser = cli.parser(
+        "gpushare-certs", "Certificates and intent-signing keys for the gpushare webhook.", VARIABLES,
+        "`gpushare-certs COMMAND --help` lists a command's flags and their defaults. Exit status: 0 done, 1 the "
+        "cluster refused or failed a step (run the command again), 2 bad flags or credentials.",
     )
     subparsers = parser.add_subparsers(dest="subcommand", required=True, metavar="COMMAND")
     for register in REGISTRARS:

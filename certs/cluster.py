@@ -88,6 +88,7 @@ class KubeCluster:
     def __init__(self, kubeconfig: str | None, context: str | None, in_cluster: bool, timeout: float = 15.0) -> None:
         from kubernetes import client, config
         from kubernetes.config.config_exception import ConfigException
+        from yaml import YAMLError
 
         configuration = client.Configuration()
         try:
@@ -99,7 +100,7 @@ class KubeCluster:
                     config_file=kubeconfig, context=context, client_configuration=configuration, persist_config=False
                 )
                 self.where = f"the API server at {configuration.host}"
-        except (ConfigException, OSError, ValueError) as exc:
+        except (ConfigException, OSError, ValueError, YAMLError) as exc:
             source = "the pod's service account" if in_cluster else f"kubeconfig {kubeconfig or '(default)'}"
             raise ClusterError(
                 f"Could not load cluster credentials from {source} ({exc}); pass --kubeconfig FILE (and --context) "

@@ -237,7 +237,12 @@ def _run(args: argparse.Namespace, action: Callable[[Run], int]) -> int:
     try:
         hosts = tuple(getattr(args, "extra_host", None) or ())
         target = Target(args.namespace, getattr(args, "service", DEFAULT_SERVICE), hosts)
-        return action(Run(factory(args), target, datetime.datetime.now(datetime.UTC), say))
+        cluster = factory(args)
+    except ClusterError as exc:
+        print(str(exc), file=sys.stderr)
+        return 2  # no credentials: a start-up failure, checked before anything is read or written
+    try:
+        return action(Run(cluster, target, datetime.datetime.now(datetime.UTC), say))
     except (ClusterError, PlanError) as exc:
         print(str(exc), file=sys.stderr)
         return 1

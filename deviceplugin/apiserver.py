@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime
 import json
 import logging
+import re
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
@@ -69,6 +70,19 @@ class ApiServer(Protocol):
     def patch_node_capacity(self, capacity: Mapping[str, str]) -> None: ...
 
 
+def describe(exc: BaseException) -> str:
+    """An API client failure in a few words: urllib3 wraps the cause (MaxRetryError.reason) in long text."""
+    status = getattr(exc, "status", None)
+    if isinstance(status, int) and hasattr(exc, "body"):  # the client's ApiException: several lines with headers
+        body = " ".join(str(getattr(exc, "body", "") or "").split())[:300]
+        return f"HTTP {status} {getattr(exc, 'reason', '')}: {body}".rstrip(": ")
+    reason = getattr(exc, "reason", None)
+    if isinstance(reason, BaseException):
+        exc = reason
+    text = re.sub(r"^\w+\([^)]*\): ", "", str(exc))  # "HTTPSConnection(host='h', port=1): Failed to ..."
+    return " ".join(text.split()) or type(exc).__name__
+
+
 def _now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -99,12 +113,22 @@ class KubeApiServer:
 
     def __init__(self, node_name: str, kubeconfig: str, timeout: float) -> None:
         from kubernetes import client, config
+        from kubernetes.config.config_exception import ConfigException
+        from yaml import YAMLError
 
         configuration = client.Configuration()
-        if kubeconfig:
-            config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)  # type: ignore[no-untyped-call]
-        else:
-            config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+        try:
+            if kubeconfig:
+                config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)  # type: ignore[no-untyped-call]
+            else:
+                config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+        except (ConfigException, OSError, ValueError, YAMLError) as exc:
+            where = f"GPUSHARE_KUBECONFIG={kubeconfig}" if kubeconfig else "the in-cluster ServiceAccount"
+            raise ApiServerError(
+                f"{where} gives no API server credentials ({' '.join(str(exc).split())}); run the plugin in its "
+                "DaemonSet with its ServiceAccount, or point GPUSHARE_KUBECONFIG at a kubeconfig file"
+            ) from exc
+        self.where = configuration.host
         self._client = client
         self._api_client = client.ApiClient(configuration)
         self._core = client.CoreV1Api(self._api_client)
@@ -220,7 +244,7 @@ class KubeApiServer:
                 raise Conflict(f"could not {what}: it changed meanwhile (409 Conflict)") from exc
             raise ApiServerError(f"could not {what}: HTTP {exc.status} {exc.reason}: {(exc.body or '')[:300]}") from exc
         except Exception as exc:  # urllib3 and ssl errors have no common base worth naming
-            raise ApiServerError(f"could not {what}: {exc}") from exc
+            raise ApiServerError(f"could not {what}: {describe(exc)}") from exc
 
     def _watch_loop(self) -> None:
         from kubernetes.watch.watch import iter_resp_lines
@@ -253,7 +277,8 @@ class KubeApiServer:
                 with self._lock:
                     for listener in self._listeners:
                         listener.stale()
-                log.warning("watching this node's pods failed (%s); retrying in %.1f s", exc, backoff)
+                log.warning("Watching this node's pods at the API server %s failed (%s); retrying in %.1f s.",
+                            self.where, describe(exc), backoff)
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 30.0)
 

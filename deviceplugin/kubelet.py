@@ -27,15 +27,33 @@ class KubeletUnavailable(Exception):
     """The kubelet cannot say which pod holds which devices right now; the text says why."""
 
 
+class RegistrationError(Exception):
+    """Registering with the kubelet failed; the text says why in the kubelet's terms, not gRPC's."""
+
+
 def register(kubelet_socket: str, endpoint: str, resource: str, options: deviceplugin_pb2.DevicePluginOptions,
              timeout: float) -> None:
     """Register with the kubelet; the plugin must already be serving on `endpoint`."""
+    if not os.path.exists(kubelet_socket):
+        # Without this check gRPC waits for the whole timeout and reports DEADLINE_EXCEEDED.
+        raise RegistrationError(f"the kubelet's socket {kubelet_socket} does not exist yet (the kubelet is not "
+                                "running, or GPUSHARE_DEVICE_PLUGIN_DIR is not its device-plugins directory)")
     with grpc.insecure_channel("unix://" + kubelet_socket) as channel:
         stub = deviceplugin_pb2_grpc.RegistrationStub(channel)  # type: ignore[no-untyped-call]
         request = deviceplugin_pb2.RegisterRequest(
             version=API_VERSION, endpoint=endpoint, resource_name=resource, options=options
         )
-        stub.Register(request, timeout=timeout, wait_for_ready=True)
+        try:
+            stub.Register(request, timeout=timeout, wait_for_ready=True)
+        except grpc.RpcError as exc:
+            code = exc.code()
+            if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+                why = f"did not answer within {timeout:g} s (GPUSHARE_RPC_TIMEOUT_SECONDS)"
+            elif code == grpc.StatusCode.UNAVAILABLE:
+                why = "does not accept connections (it is starting or stopping)"
+            else:
+                why = f"refused the registration: {code.name} {exc.details()}"
+            raise RegistrationError(f"the kubelet at {kubelet_socket} {why}") from exc
 
 
 class KubeletHoldings:
@@ -204,5 +222,6 @@ class RestartWatch:
             try:
                 self.on_restart()
                 self._known = current
-            except Exception:
-                log.exception("registering again with the kubelet failed; will retry")
+            except Exception as exc:
+                log.warning("Registering again with the kubelet failed (%s); retrying in %g s, or as soon as the "
+                            "device-plugin directory changes.", exc, self.interval)

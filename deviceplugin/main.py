@@ -9,12 +9,14 @@ and a few flags), or in-process:
     plugin.stop()                      # stop loops and server, remove the socket
 
 or `run(settings, stop_event)`, which starts, waits for the event and stops (returns an exit status).
+`main` runs the plugin in a thread and keeps the main thread for signals: after SIGTERM the process stops
+within GPUSHARE_SHUTDOWN_SECONDS whatever its threads are doing, or dumps every thread's stack and exits.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
+import faulthandler
 import logging
 import os
 import signal
@@ -30,17 +32,30 @@ from deviceplugin import settings as plugin_settings
 from deviceplugin.apiserver import ApiServer, ApiServerError, KubeApiServer
 from deviceplugin.cdi import CdiStore
 from deviceplugin.inventory import Inventory, InventoryError, XidWatcher, load_inventory
-from deviceplugin.kubelet import KubeletHoldings, RestartWatch, register
+from deviceplugin.kubelet import KubeletHoldings, RegistrationError, RestartWatch, register
 from deviceplugin.owners import Holdings
 from deviceplugin.server import OPTIONS, DevicePluginServicer, serve
 from deviceplugin.service import Service
-from deviceplugin.settings import PluginSettings
+from deviceplugin.settings import PLUGIN_VARIABLES, PluginSettings
+from webhook import cli, logsetup
 from webhook.settings import SettingsError
 from webhook.signing import SigningKeyError, load_public_key
 
 log = logging.getLogger(__name__)
 
 GPU_COUNT = "aliyun.com/gpu-count"
+
+SocketId = tuple[int, int, int]
+# How often the main thread wakes to run signal handlers (see serve_until_signalled).
+SIGNAL_POLL_SECONDS = 0.2
+
+
+def _socket_id(path: str) -> SocketId | None:
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_ctime_ns)
 
 
 class Plugin:
@@ -62,6 +77,9 @@ class Plugin:
         self._serve_lock = threading.Lock()
         self._watch: RestartWatch | None = None
         self._xid: XidWatcher | None = None
+        # The socket file this plugin created (device, inode): stop() removes only that one, never a socket of
+        # another plugin process, nor one it never made (a start that failed before serving).
+        self._socket: SocketId | None = None
         self._gc = threading.Thread(target=self._gc_loop, name="gc", daemon=True)
 
     def start(self) -> None:
@@ -78,6 +96,13 @@ class Plugin:
                     "ConfigMap (signing.pub) there"
                 ) from exc
             self.public_key = load_public_key(pem, f"GPUSHARE_VERIFY_KEY {s.verify_key}")
+        try:
+            os.makedirs(s.device_plugin_dir, exist_ok=True)
+        except OSError as exc:
+            raise SettingsError(
+                f"GPUSHARE_DEVICE_PLUGIN_DIR={s.device_plugin_dir} cannot be created ({exc.strerror}); mount the "
+                "kubelet's device-plugins directory (/var/lib/kubelet/device-plugins) there"
+            ) from exc
         if self.api is None:
             self._own_api = KubeApiServer(s.node_name, s.kubeconfig, s.rpc_timeout_seconds)
             self._own_api.start()
@@ -88,14 +113,13 @@ class Plugin:
             )
         self.service = Service(s, self.inventory, self.api, self.holdings, self.public_key, cdi=CdiStore(s.cdi_dir))
         self.service.remember_pins()  # before serving: a container restarted now keeps the GPU it had
-        os.makedirs(s.device_plugin_dir, exist_ok=True)
         registered = True
         try:
             self.serve_and_register()
-        except grpc.RpcError as exc:
+        except RegistrationError as exc:
             registered = False
-            log.warning("registering with the kubelet at %s failed (%s); retrying when it is up", s.kubelet_socket,
-                        exc.code() if hasattr(exc, "code") else exc)
+            log.warning("Registering with the kubelet failed: %s; registering as soon as %s appears (checked every "
+                        "%g s).", exc, s.kubelet_socket, s.watch_interval_seconds)
         self._watch = RestartWatch(s.kubelet_socket, s.socket_path, self.serve_and_register, s.watch_interval_seconds)
         self._watch.start(registered)
         self._gc.start()
@@ -118,6 +142,7 @@ class Plugin:
             self._stop_server()
             self._servicer = DevicePluginServicer(self.service, self.inventory, self._stop, s.rpc_timeout_seconds)
             self._server = serve(self._servicer, s.socket_path)
+            self._socket = _socket_id(s.socket_path)
             register(s.kubelet_socket, s.socket_name, s.contract.resource, OPTIONS, s.rpc_timeout_seconds)
         log.info("registered %s with the kubelet (endpoint %s)", s.contract.resource, s.socket_name)
 
@@ -146,8 +171,7 @@ class Plugin:
             self._xid.stop()
         with self._serve_lock:
             self._stop_server()
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.settings.socket_path)
+        socket_note = self._remove_socket()
         if self._gc.is_alive():
             self._gc.join(timeout=5)
         service: Service | None = getattr(self, "service", None)  # absent when start() failed before making it
@@ -157,15 +181,28 @@ class Plugin:
             self._own_api.stop()
         if isinstance(self.holdings, KubeletHoldings):
             self.holdings.close()
-        log.info("gpushare device plugin stopped; socket %s removed", self.settings.socket_path)
+        # After a failed start the one line saying why is enough; this one is for a plugin that served.
+        log.log(logging.INFO if self._socket else logging.DEBUG, "gpushare device plugin stopped; %s", socket_note)
+
+    def _remove_socket(self) -> str:
+        path = self.settings.socket_path
+        if self._socket is None:
+            return "it had not created its socket"
+        current = _socket_id(path)
+        if current is not None and current != self._socket:
+            return f"the socket {path} is another process's now, so it was left in place"
+        if current is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+        return f"socket {path} removed"  # by us, or by the gRPC server as it stopped
 
 
 def run(settings: PluginSettings, stop_event: threading.Event) -> int:
     plugin = Plugin(settings)
     try:
         plugin.start()
-    except (InventoryError, SigningKeyError, SettingsError) as exc:
-        log.error("the gpushare device plugin cannot start: %s", exc)
+    except (InventoryError, SigningKeyError, SettingsError, ApiServerError) as exc:
+        log.error("The device plugin cannot start: %s.", " ".join(str(exc).split()))
         plugin.stop()
         return 2
     try:
@@ -186,33 +223,60 @@ FLAGS = {
 }
 
 
+def serve_until_signalled(settings: PluginSettings) -> int:
+    """Run the plugin in a thread; the main thread only waits, so SIGTERM and SIGINT are handled at once.
+
+    A signal arms faulthandler's watchdog (a C thread that needs neither the GIL nor the main thread): if the
+    process has not exited GPUSHARE_SHUTDOWN_SECONDS later (a thread stuck in a call, or the interpreter waiting
+    for a gRPC worker thread at exit), it writes every thread's stack to stderr and calls _exit(1). Call this only
+    as the process's entry: the watchdog stays armed until the process ends.
+    """
+    stop_event = threading.Event()
+    codes: list[int] = []
+    bound = settings.shutdown_seconds
+
+    def arm() -> None:
+        faulthandler.dump_traceback_later(bound, exit=True, file=sys.stderr)
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        if stop_event.is_set():
+            return  # a second signal: the watchdog runs already
+        log.info("Received %s; stopping. If the plugin has not stopped within %g s (GPUSHARE_SHUTDOWN_SECONDS), "
+                 "every thread's stack is written to the log and the process exits.", signal.Signals(signum).name,
+                 bound)
+        arm()
+        stop_event.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    plugin = threading.Thread(target=lambda: codes.append(run(settings, stop_event)), name="plugin", daemon=True)
+    plugin.start()
+    while plugin.is_alive():
+        # A timed wait: a signal the kernel delivers to another thread (gRPC's, say) does not interrupt an untimed
+        # one, and Python runs handlers only in the main thread, so an untimed wait could ignore SIGTERM for good.
+        plugin.join(timeout=SIGNAL_POLL_SECONDS)
+    if not stop_event.is_set():
+        arm()  # a failed start: the same bound for the interpreter's exit
+    return codes[0] if codes else 1
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="gpushare-device-plugin",
-        description="Kubelet device plugin for gpushare; every setting is a GPUSHARE_* variable (see "
-        "docs/deviceplugin.md); these flags override the variables of the same name.",
+    parser = cli.parser(
+        "gpushare-device-plugin", "Kubelet device plugin for gpushare (docs/deviceplugin.md).", PLUGIN_VARIABLES,
+        "The flags override the variables of the same name. Every setting is checked before the plugin serves; a "
+        "bad one stops it with one line naming the variable and exit status 2.",
     )
     for flag, variable in FLAGS.items():
-        parser.add_argument(flag, dest=variable, help=f"overrides {variable}")
+        parser.add_argument(flag, dest=variable, metavar="VALUE", help=f"overrides {variable}")
     args = parser.parse_args(argv)
     overrides = {k: v for k, v in vars(args).items() if v is not None}
     try:
         settings = plugin_settings.from_environ(overrides)
     except SettingsError as exc:
-        print(f"gpushare-device-plugin: {exc}", file=sys.stderr)
+        print(f"The device plugin cannot start: {' '.join(str(exc).split())}.", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
-    )
-    stop_event = threading.Event()
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        log.info("received signal %s; shutting down", signum)
-        stop_event.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    return run(settings, stop_event)
+    logsetup.configure(settings.log_level, settings.log_format)
+    return serve_until_signalled(settings)
 
 
 if __name__ == "__main__":

@@ -7,14 +7,50 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from webhook.cli import Variable
 from webhook.protocol import Contract
-from webhook.settings import SettingsError, contract_from, env_parsed, env_value, metrics_address, positive_int
+from webhook.settings import (
+    CONTRACT_VARIABLES,
+    LOG_VARIABLES,
+    SettingsError,
+    contract_from,
+    env_parsed,
+    env_value,
+    log_settings,
+    metrics_address,
+    positive_int,
+)
 
 PLACEMENTS = ("extender", "node")
 DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 DEFAULT_POD_RESOURCES = "/var/lib/kubelet/pod-resources/kubelet.sock"
 # The kubelet and gRPC choke on ListAndWatch messages with very many devices; 8 GPUs of 80 GiB are 640.
 DEFAULT_MAX_DEVICES = "4096"
+# Kubernetes sends SIGKILL terminationGracePeriodSeconds (30 s by default) after SIGTERM: a plugin that has not
+# stopped by this bound dumps every thread's stack first, so the reason is in its log.
+DEFAULT_SHUTDOWN_SECONDS = "20"
+
+# What --help lists; tests check that each default here is the one settings_from applies.
+PLUGIN_VARIABLES = (
+    Variable("GPUSHARE_NODE_NAME", "", "this node's name, from the downward API", required=True),
+    *CONTRACT_VARIABLES,
+    Variable("GPUSHARE_PLACEMENT", "extender", "extender, or node (cdi only): the plugin picks the GPU, best fit"),
+    Variable("GPUSHARE_VERIFY_KEY", "/etc/gpushare/verify/signing.pub", "the webhook's public signing key (PEM)"),
+    Variable("GPUSHARE_FAKE_GPUS", "", "a fake inventory such as 2x24GiB; empty: the GPUs NVML reports"),
+    Variable("GPUSHARE_MAX_DEVICES", DEFAULT_MAX_DEVICES, "refuse to start when the GPUs make more devices"),
+    Variable("GPUSHARE_DEVICE_PLUGIN_DIR", DEFAULT_PLUGIN_DIR, "the kubelet's kubelet.sock and the plugin's socket"),
+    Variable("GPUSHARE_POD_RESOURCES_SOCKET", DEFAULT_POD_RESOURCES, "the kubelet's PodResources API"),
+    Variable("GPUSHARE_KUBELET_CHECKPOINT", DEFAULT_PLUGIN_DIR + "/kubelet_internal_checkpoint",
+             "the kubelet's device checkpoint; its default follows GPUSHARE_DEVICE_PLUGIN_DIR"),
+    Variable("GPUSHARE_CDI_DIR", "/var/run/cdi", "where CDI specs are written"),
+    Variable("GPUSHARE_FAKE_GPU_DIR", "/var/run/gpushare/fake-gpus", "cdi mode with fake GPUs: files naming each GPU"),
+    Variable("GPUSHARE_KUBECONFIG", "", "a kubeconfig file; empty: the pod's ServiceAccount"),
+    Variable("GPUSHARE_RPC_TIMEOUT_SECONDS", "10", "bound of every kubelet call and API request (below 30)"),
+    Variable("GPUSHARE_SHUTDOWN_SECONDS", DEFAULT_SHUTDOWN_SECONDS,
+             "after SIGTERM, stop within this bound, else dump every thread's stack and exit"),
+    Variable("GPUSHARE_METRICS_BIND", "0.0.0.0:9103", "plain-HTTP /metrics, HOST:PORT; empty: off"),
+    *LOG_VARIABLES,
+)
 
 
 @dataclass(frozen=True)
@@ -33,6 +69,8 @@ class PluginSettings:
     rpc_timeout_seconds: float
     placement: str
     log_level: str
+    log_format: str
+    shutdown_seconds: float
     # Plain-HTTP /metrics (deviceplugin/metrics.py); None: not served.
     metrics_bind: tuple[str, int] | None = None
     # Not read from the environment: the safety-net poll of the device-plugin directory (it is watched with
@@ -88,9 +126,7 @@ def settings_from(env: Mapping[str, str]) -> PluginSettings:
             "annotations before the kubelet admits it, so only the scheduler extender can place pods; "
             "set GPUSHARE_DELIVERY=cdi (on the webhook too) or GPUSHARE_PLACEMENT=extender"
         )
-    log_level = env_value(env, "GPUSHARE_LOG_LEVEL", "INFO").upper()
-    if log_level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
-        raise SettingsError(f"GPUSHARE_LOG_LEVEL={log_level!r} is not valid; expected DEBUG, INFO, WARNING or ERROR")
+    log_level, log_format = log_settings(env)
     return PluginSettings(
         contract=contract,
         node_name=node_name,
@@ -110,6 +146,10 @@ def settings_from(env: Mapping[str, str]) -> PluginSettings:
         ),
         placement=placement,
         log_level=log_level,
+        log_format=log_format,
+        shutdown_seconds=env_parsed(
+            env, "GPUSHARE_SHUTDOWN_SECONDS", DEFAULT_SHUTDOWN_SECONDS, positive_float, "a positive number of seconds"
+        ),
         metrics_bind=env_parsed(
             env, "GPUSHARE_METRICS_BIND", "0.0.0.0:9103", metrics_address, "host:port, or empty to turn it off"
         ),

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import logging
@@ -12,8 +11,13 @@ import sys
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
-from webhook.settings import SettingsError, settings_from
+from gunicorn.glogging import Logger
+
+from webhook import cli, preflight
+from webhook.logsetup import FIELDS
+from webhook.settings import WEBHOOK_VARIABLES, Settings, SettingsError, settings_from
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +82,31 @@ class ReloadingTLS:
             return current
 
 
+class GunicornLogger(Logger):  # type: ignore[misc]  # gunicorn ships no type hints
+    """gunicorn's error and access logs through the root handler that `configure` set up, so one stream holds
+    one format (gunicorn.conf.py: logger_class). Access lines carry the request as fields in JSON."""
+
+    def setup(self, cfg: Any) -> None:
+        super().setup(cfg)
+        for log in (self.error_log, self.access_log):
+            for handler in list(log.handlers):
+                if getattr(handler, "_gunicorn", False) and type(handler) is logging.StreamHandler:
+                    log.removeHandler(handler)  # "-": stderr/stdout; files and syslog keep their handlers
+            log.propagate = not log.handlers
+
+    def access(self, resp: Any, req: Any, environ: dict[str, Any], request_time: datetime.timedelta) -> None:
+        if self.cfg.accesslog is None:
+            return
+        atoms = self.atoms(resp, req, environ, request_time)
+        fields = {
+            "remote": atoms["h"], "method": atoms["m"], "path": atoms["U"], "protocol": atoms["H"],
+            "status": int(atoms["s"]) if str(atoms["s"]).isdigit() else atoms["s"], "bytes": atoms["B"],
+            "duration_seconds": request_time.total_seconds(), "user_agent": atoms["a"],
+        }
+        self.access_log.info('%s "%s" %s %s %.6fs', atoms["h"], atoms["r"], atoms["s"], atoms["b"],
+                             request_time.total_seconds(), extra={FIELDS: fields})
+
+
 def sample_review() -> dict[str, object]:
     """A CREATE review of a two-container GPU-share pod, as the API server would post it."""
     return {
@@ -130,15 +159,37 @@ def curl_line(bind: str, directory: Path) -> str:
     )
 
 
+def cannot_start(problem: str) -> None:
+    """One line on stderr: what is wrong and what to do."""
+    print(f"The webhook cannot start: {' '.join(problem.split())}.", file=sys.stderr)
+
+
+def checked(env: Mapping[str, str], *, try_bind: bool) -> Settings | None:
+    """The settings, or None after one line per problem on stderr: every setting and file is checked before
+    gunicorn binds, so a bad value never shows up as a gunicorn traceback, a bind retry loop or failing requests."""
+    try:
+        settings = settings_from(env)
+    except SettingsError as exc:
+        cannot_start(str(exc))
+        return None
+    found = preflight.problems(settings, try_bind=try_bind)
+    for problem in found:
+        cannot_start(problem)
+    return None if found else settings
+
+
 def main(
     argv: Sequence[str] | None = None, *, dev_default: bool = False, environ: Mapping[str, str] | None = None
 ) -> int:
-    parser = argparse.ArgumentParser(
-        prog="gpushare-webhook", description="Serve the gpushare admission webhook over TLS with gunicorn."
+    parser = cli.parser(
+        "gpushare-webhook", "Serve the gpushare admission webhook over TLS with gunicorn (gunicorn.conf.py).",
+        WEBHOOK_VARIABLES,
+        "Every setting is checked before the webhook listens; a bad one stops it with one line naming the variable "
+        "and exit status 2.",
     )
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--dev", dest="dev", action="store_true", default=dev_default,
-                      help="create development certificates and keys (GPUSHARE_DEV_CERTS, default .dev-certs)")
+                      help="create development certificates and keys in GPUSHARE_DEV_CERTS and use them")
     mode.add_argument("--no-dev", dest="dev", action="store_false", help="use the configured certificate files")
     args = parser.parse_args(argv)
 
@@ -148,13 +199,11 @@ def main(
         try:
             prepare_dev(directory, env)
         except OSError as exc:
-            print(f"Could not prepare development certificates in {directory} ({exc}); set GPUSHARE_DEV_CERTS "
-                  "to a writable directory.", file=sys.stderr)
+            cannot_start(f"GPUSHARE_DEV_CERTS={directory} cannot hold the development certificates ({exc.strerror}); "
+                         "set GPUSHARE_DEV_CERTS to a writable directory")
             return 2
-    try:
-        settings = settings_from(env)
-    except SettingsError as exc:
-        print(f"The webhook cannot start: {exc}.", file=sys.stderr)
+    settings = checked(env, try_bind=True)
+    if settings is None:
         return 2
     if not GUNICORN_CONF.is_file():
         print(f"The gunicorn configuration {GUNICORN_CONF} is missing; run from a checkout of gpushare-webhook "

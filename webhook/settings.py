@@ -2,17 +2,55 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
+from webhook.cli import Variable
+from webhook.logsetup import LOG_FORMATS
 from webhook.protocol import DEFAULT_PREFIX, DEFAULT_RESOURCE, Contract, ProtocolError
 
 T = TypeVar("T")
 
 DEFAULT_EXTENDER = "system:serviceaccount:kube-system:gpushare-schd-extender"
 DEFAULT_PLUGIN = "system:serviceaccount:gpushare-system:gpushare-device-plugin"
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+_LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+_HOST_NAME = re.compile(rf"^(?=.{{1,253}}$){_LABEL}(\.{_LABEL})*$")
+
+# What --help lists; tests check that each default here is the one settings_from applies.
+CONTRACT_VARIABLES = (
+    Variable("GPUSHARE_RESOURCE_NAME", DEFAULT_RESOURCE, "the shared extended resource"),
+    Variable("GPUSHARE_UNIT", "GiB", "what one unit of it means: GiB or MiB"),
+    Variable("GPUSHARE_ANNOTATION_PREFIX", DEFAULT_PREFIX, "prefix of the gpushare annotations"),
+    Variable("GPUSHARE_DELIVERY", "env", "env or cdi; the same on the webhook and every plugin"),
+)
+LOG_VARIABLES = (
+    Variable("GPUSHARE_LOG_LEVEL", "INFO", "DEBUG, INFO, WARNING or ERROR"),
+    Variable("GPUSHARE_LOG_FORMAT", "text", "text, or json for one JSON object per line"),
+)
+WEBHOOK_VARIABLES = (
+    *CONTRACT_VARIABLES,
+    Variable("GPUSHARE_TLS_CERT", "/etc/gpushare/tls/tls.crt", "serving certificate (PEM), reloaded when it changes"),
+    Variable("GPUSHARE_TLS_KEY", "/etc/gpushare/tls/tls.key", "its private key (PEM)"),
+    Variable("GPUSHARE_SIGNING_KEY", "/etc/gpushare/signing/signing.key", "Ed25519 intent-signing private key (PEM)"),
+    Variable("GPUSHARE_BIND", "127.0.0.1:8443", "listen address HOST:PORT (0.0.0.0:8443 in a cluster)"),
+    Variable("GPUSHARE_EXTENDER_IDENTITIES", DEFAULT_EXTENDER, "who may write the assignment (comma-separated)"),
+    Variable("GPUSHARE_PLUGIN_IDENTITIES", DEFAULT_PLUGIN, "users of the device plugin (comma-separated)"),
+    Variable("GPUSHARE_MAX_GPU_UNITS", "192", "the largest GPU, in units (196608 when the unit is MiB)"),
+    Variable("GPUSHARE_OTHER_GPU_RESOURCES", "nvidia.com/gpu", "other device plugins' whole-GPU resources"),
+    Variable("GPUSHARE_MAX_BODY_BYTES", str(8 * 1024 * 1024), "larger AdmissionReview bodies get HTTP 400"),
+    Variable("GPUSHARE_WORKERS", "2", "gunicorn worker processes"),
+    Variable("GPUSHARE_THREADS", "4", "threads per worker process that run the app"),
+    Variable("GPUSHARE_READ_DEADLINE_SECONDS", "2", "bound of the TLS handshake, the headers and the body, each"),
+    *LOG_VARIABLES,
+    Variable("GPUSHARE_METRICS_BIND", "127.0.0.1:9102", "plain-HTTP /metrics of all workers, HOST:PORT; empty: off"),
+    Variable("PROMETHEUS_MULTIPROC_DIR", "", "the workers' metrics directory; empty: a fresh one per start"),
+    Variable("GPUSHARE_DEV_CERTS", ".dev-certs", "with --dev: where development certificates are kept"),
+)
 
 
 class SettingsError(ValueError):
@@ -67,6 +105,37 @@ def resource_list(text: str) -> tuple[str, ...]:
     return names
 
 
+def bind_address(text: str) -> tuple[str, int]:
+    """HOST:PORT, where HOST is an IPv4 address, a bracketed IPv6 address or a DNS name, and PORT is 1-65535."""
+    host, sep, port_text = text.rpartition(":")
+    if not sep:
+        raise ValueError("it has no :PORT")
+    if not host:
+        raise ValueError("it has no HOST before the :PORT")
+    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise ValueError(f"the port {port_text!r} is not a number from 1 to 65535")
+    if host.startswith("[") and host.endswith("]"):
+        try:
+            ipaddress.IPv6Address(host[1:-1])
+        except ValueError as exc:
+            raise ValueError(f"{host} is not an IPv6 address ({exc})") from exc
+        return host[1:-1], int(port_text)
+    if not _HOST_NAME.match(host):
+        raise ValueError(f"{host!r} is not an IP address or a host name (an IPv6 address goes in brackets)")
+    return host, int(port_text)
+
+
+def log_settings(env: Mapping[str, str]) -> tuple[str, str]:
+    """(GPUSHARE_LOG_LEVEL, GPUSHARE_LOG_FORMAT), shared by every program."""
+    log_level = env_value(env, "GPUSHARE_LOG_LEVEL", "INFO").upper()
+    if log_level not in LOG_LEVELS:
+        raise SettingsError(f"GPUSHARE_LOG_LEVEL={log_level!r} is not valid; expected DEBUG, INFO, WARNING or ERROR")
+    log_format = env_value(env, "GPUSHARE_LOG_FORMAT", "text").lower()
+    if log_format not in LOG_FORMATS:
+        raise SettingsError(f"GPUSHARE_LOG_FORMAT={log_format!r} is not valid; expected text or json")
+    return log_level, log_format
+
+
 def contract_from(env: Mapping[str, str]) -> Contract:
     """The cluster-wide contract, read the same way by the webhook and the device plugin."""
     resource = env_value(env, "GPUSHARE_RESOURCE_NAME", DEFAULT_RESOURCE)
@@ -100,6 +169,7 @@ class Settings:
     # Bound of the TLS handshake, of the request headers and of the body, each (webhook/worker.py).
     read_deadline_seconds: float
     log_level: str
+    log_format: str
     # Plain-HTTP /metrics of every worker together, served by the gunicorn arbiter; None: not served.
     metrics_bind: tuple[str, int] | None = None
     # Prometheus multiprocess directory given by the operator; empty: gunicorn.conf.py makes a fresh one.
@@ -113,9 +183,9 @@ class Settings:
 def settings_from(env: Mapping[str, str]) -> Settings:
     contract = contract_from(env)
     default_max = "192" if contract.unit == "GiB" else str(192 * 1024)
-    log_level = env_value(env, "GPUSHARE_LOG_LEVEL", "INFO").upper()
-    if log_level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
-        raise SettingsError(f"GPUSHARE_LOG_LEVEL={log_level!r} is not valid; expected DEBUG, INFO, WARNING or ERROR")
+    log_level, log_format = log_settings(env)
+    bind = env_value(env, "GPUSHARE_BIND", "127.0.0.1:8443")
+    env_parsed(env, "GPUSHARE_BIND", "127.0.0.1:8443", bind_address, "HOST:PORT such as 0.0.0.0:8443 or [::]:8443")
     return Settings(
         contract=contract,
         extender_identities=identity_list(env_value(env, "GPUSHARE_EXTENDER_IDENTITIES", DEFAULT_EXTENDER)),
@@ -128,7 +198,7 @@ def settings_from(env: Mapping[str, str]) -> Settings:
         signing_key=env_value(env, "GPUSHARE_SIGNING_KEY", "/etc/gpushare/signing/signing.key"),
         tls_cert=env_value(env, "GPUSHARE_TLS_CERT", "/etc/gpushare/tls/tls.crt"),
         tls_key=env_value(env, "GPUSHARE_TLS_KEY", "/etc/gpushare/tls/tls.key"),
-        bind=env_value(env, "GPUSHARE_BIND", "127.0.0.1:8443"),
+        bind=bind,
         max_body_bytes=env_parsed(
             env, "GPUSHARE_MAX_BODY_BYTES", str(8 * 1024 * 1024), positive_int, "a positive number of bytes"
         ),
@@ -138,6 +208,7 @@ def settings_from(env: Mapping[str, str]) -> Settings:
             env, "GPUSHARE_READ_DEADLINE_SECONDS", "2", deadline_seconds, "a number of seconds from 0 to 30"
         ),
         log_level=log_level,
+        log_format=log_format,
         metrics_bind=env_parsed(
             env, "GPUSHARE_METRICS_BIND", "127.0.0.1:9102", metrics_address, "host:port, or empty to turn it off"
         ),

@@ -122,5 +122,5 @@ def test_the_process_stops_cleanly_on_sigterm(tmp_path_factory: pytest.TempPathF
         server.server_close()
         kubelet.stop()
     assert process.returncode == 0, output
-    assert "received signal" in output and "socket" in output and "removed" in output
+    assert "Received SIGTERM" in output and "socket" in output and "removed" in output
     assert not os.path.exists(settings.socket_path)

@@ -1,10 +1,23 @@
-"""Webhook settings: defaults, and a clear error naming the variable for every bad value."""
+"""Webhook settings: defaults (the same as --help lists), and a clear error naming the variable for every bad value."""
 
 from __future__ import annotations
 
+import inspect
+import re
+
 import pytest
 
-from webhook.settings import DEFAULT_EXTENDER, DEFAULT_PLUGIN, SettingsError, settings_from
+from webhook import serve
+from webhook.cli import Variable
+from webhook.settings import (
+    DEFAULT_EXTENDER,
+    DEFAULT_PLUGIN,
+    WEBHOOK_VARIABLES,
+    SettingsError,
+    contract_from,
+    log_settings,
+    settings_from,
+)
 
 
 def test_defaults() -> None:
@@ -44,3 +57,41 @@ def test_identity_lists_are_comma_separated() -> None:
 def test_bad_values_name_the_variable(env: dict[str, str], fragment: str) -> None:
     with pytest.raises(SettingsError, match=fragment.replace("(", r"\(").replace(")", r"\)")):
         settings_from(env)
+
+
+def _read_names(*functions: object) -> set[str]:
+    return set(re.findall(r"GPUSHARE_[A-Z_]+", "".join(inspect.getsource(f) for f in functions)))  # type: ignore[arg-type]
+
+
+def test_help_table_names_every_variable_read() -> None:
+    listed = {v.name for v in WEBHOOK_VARIABLES}
+    assert _read_names(settings_from, contract_from, log_settings, serve.main) <= listed
+    assert len(listed) == len(WEBHOOK_VARIABLES)
+
+
+@pytest.mark.parametrize("variable", WEBHOOK_VARIABLES, ids=lambda v: v.name)
+def test_help_table_defaults_are_the_applied_defaults(variable: Variable) -> None:
+    assert settings_from({variable.name: variable.default}) == settings_from({})
+
+
+@pytest.mark.parametrize(
+    ("bind", "fragment"),
+    [
+        ("nonsense", "it has no :PORT"),
+        (":8443", "it has no HOST"),
+        ("host:http", "the port 'http' is not a number"),
+        ("host:70000", "the port '70000' is not a number from 1 to 65535"),
+        ("::1:8443", "an IPv6 address goes in brackets"),
+        ("[zz]:8443", "[zz] is not an IPv6 address"),
+        ("bad_name:8443", "'bad_name' is not an IP address or a host name"),
+    ],
+)
+def test_bind_address_must_be_host_and_port(bind: str, fragment: str) -> None:
+    with pytest.raises(SettingsError, match=re.escape(f"GPUSHARE_BIND={bind!r} is not valid: ")) as caught:
+        settings_from({"GPUSHARE_BIND": bind})
+    assert fragment in str(caught.value)
+
+
+@pytest.mark.parametrize("bind", ["0.0.0.0:8443", "[::]:8443", "localhost:1", "webhook.gpushare-system.svc:443"])
+def test_good_bind_addresses(bind: str) -> None:
+    assert settings_from({"GPUSHARE_BIND": bind}).bind == bind

@@ -1,0 +1,106 @@
+"""Log lines: one text format, or one JSON object per line, for the app and gunicorn's error and access logs alike."""
+
+from __future__ import annotations
+
+import datetime
+import io
+import json
+import logging
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from gunicorn.config import Config
+
+from tests.support.webhook_server import webhook_server
+from tests.webhook.pods import container, pod, review
+from webhook import logsetup
+from webhook.serve import GunicornLogger
+
+TEXT_LINE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z (DEBUG|INFO|WARNING|ERROR|CRITICAL) \[\d+\] [\w.]+: ")
+
+
+@pytest.fixture
+def stream() -> Iterator[io.StringIO]:
+    """Where the test's configure() writes; the root logger is put back afterwards."""
+    root = logging.getLogger()
+    saved = (list(root.handlers), root.level)
+    out = io.StringIO()
+    yield out
+    root.handlers[:] = saved[0]
+    root.setLevel(saved[1])
+
+
+def test_json_lines_carry_the_record_and_its_exception(stream: io.StringIO) -> None:
+    logsetup.configure("INFO", "json", stream)
+    log = logging.getLogger("webhook.app")
+    log.info("mutate %s uid=%s", "team/pod", "u-1")
+    try:
+        raise ValueError("broken\nover two lines")
+    except ValueError:
+        log.exception("validate %s failed", "team/pod")
+    log.debug("not shown at INFO")
+    first, second = (json.loads(line) for line in stream.getvalue().splitlines())
+    assert first["message"] == "mutate team/pod uid=u-1" and first["level"] == "INFO"
+    assert first["logger"] == "webhook.app" and isinstance(first["pid"], int)
+    assert datetime.datetime.fromisoformat(first["time"]).tzinfo is not None
+    assert second["level"] == "ERROR" and "ValueError: broken" in second["exception"]
+
+
+def test_text_lines_have_one_format(stream: io.StringIO) -> None:
+    logsetup.configure("DEBUG", "text", stream)
+    logging.getLogger("deviceplugin.main").debug("registered %s", "aliyun.com/gpu-mem")
+    (line,) = stream.getvalue().splitlines()
+    assert TEXT_LINE.match(line), line
+    assert line.endswith("deviceplugin.main: registered aliyun.com/gpu-mem")
+
+
+def test_urllib3_retry_warnings_are_silenced(stream: io.StringIO) -> None:
+    logsetup.configure("INFO", "text", stream)
+    logging.getLogger("urllib3.connectionpool").warning("Retrying (Retry(total=2)) after connection broken")
+    assert stream.getvalue() == ""
+
+
+@pytest.mark.parametrize("log_format", ["json", "text"])
+def test_gunicorn_access_lines_go_through_the_same_handler(stream: io.StringIO, log_format: str) -> None:
+    logsetup.configure("INFO", log_format, stream)
+    cfg = Config()
+    cfg.set("accesslog", "-")
+    logger = GunicornLogger(cfg)
+    environ = {"REQUEST_METHOD": "POST", "RAW_URI": "/mutate", "PATH_INFO": "/mutate", "QUERY_STRING": "",
+               "SERVER_PROTOCOL": "HTTP/1.1", "REMOTE_ADDR": "10.0.0.7", "HTTP_USER_AGENT": "kube-apiserver"}
+    resp = SimpleNamespace(status="200 OK", sent=512, headers=[("Content-Type", "application/json")])
+    logger.access(resp, SimpleNamespace(headers=[]), environ, datetime.timedelta(milliseconds=3))
+    logger.info("Booting worker with pid: %s", 42)
+    access, error = stream.getvalue().splitlines()
+    if log_format == "json":
+        record = json.loads(access)
+        assert record["logger"] == "gunicorn.access"
+        assert (record["method"], record["path"], record["status"], record["bytes"]) == ("POST", "/mutate", 200, 512)
+        assert record["duration_seconds"] == 0.003 and record["remote"] == "10.0.0.7"
+        assert json.loads(error)["message"] == "Booting worker with pid: 42"
+    else:
+        assert TEXT_LINE.match(access) and TEXT_LINE.match(error)
+        assert 'gunicorn.access: 10.0.0.7 "POST /mutate HTTP/1.1" 200 512 0.003000s' in access
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("log_format", ["json", "text"])
+def test_the_running_webhook_writes_one_format(tmp_path: Path, log_format: str) -> None:
+    with webhook_server(tmp_path, {"GPUSHARE_LOG_FORMAT": log_format, "GPUSHARE_WORKERS": "1"}) as hook:
+        status, _ = hook.post_json("/mutate", review("CREATE", pod(container("main", 2))))
+        assert status == 200
+        assert hook.request("POST", "/mutate", b"not json")[0] == 400
+    lines = [line for line in hook.log_text().splitlines() if line]
+    loggers = set()
+    for line in lines:
+        if log_format == "json":
+            record = json.loads(line)
+            assert {"time", "level", "logger", "pid", "message"} <= set(record)
+            loggers.add(record["logger"])
+        else:
+            assert TEXT_LINE.match(line), line
+            loggers.add(line.split("] ", 1)[1].split(":", 1)[0])
+    assert {"gunicorn.error", "webhook.app"} <= loggers

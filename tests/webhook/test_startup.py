@@ -36,6 +36,7 @@ def good_env(files: Path) -> dict[str, str]:
     env.update({
         "GPUSHARE_TLS_CERT": str(files / "tls.crt"), "GPUSHARE_TLS_KEY": str(files / "tls.key"),
         "GPUSHARE_SIGNING_KEY": str(files / "signing.key"), "GPUSHARE_BIND": f"127.0.0.1:{free_port()}",
+        "GPUSHARE_METRICS_BIND": f"127.0.0.1:{free_port()}",
     })
     return env
 
@@ -58,6 +59,7 @@ def assert_one_line(code: int, lines: list[str], *fragments: str) -> None:
 @pytest.mark.parametrize("command", [WEBHOOK, GUNICORN], ids=["gpushare-webhook", "gunicorn"])
 def test_defaults_without_files_name_each_missing_file(command: list[str], tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUSHARE_")}
+    env["GPUSHARE_METRICS_BIND"] = f"127.0.0.1:{free_port()}"  # the default port may be taken on a test machine
     code, lines = start(command, env, tmp_path)
     assert code == 2
     assert [line.split("=")[0] for line in lines] == [
@@ -118,8 +120,11 @@ def listener() -> Iterator[int]:
         yield sock.getsockname()[1]
 
 
-def test_an_address_in_use_is_one_line_not_a_bind_retry_loop(files: Path, tmp_path: Path, listener: int) -> None:
+@pytest.mark.parametrize("variable", ["GPUSHARE_BIND", "GPUSHARE_METRICS_BIND"])
+def test_an_address_in_use_is_one_line_not_a_bind_retry_loop(
+    files: Path, tmp_path: Path, listener: int, variable: str
+) -> None:
     env = good_env(files)
-    env["GPUSHARE_BIND"] = f"127.0.0.1:{listener}"
-    assert_one_line(*start(WEBHOOK, env, tmp_path), f"GPUSHARE_BIND=127.0.0.1:{listener} cannot be bound",
+    env[variable] = f"127.0.0.1:{listener}"
+    assert_one_line(*start(WEBHOOK, env, tmp_path), f"{variable}=127.0.0.1:{listener} cannot be bound",
                     "another program listens there")

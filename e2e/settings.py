@@ -11,6 +11,7 @@ from webhook.settings import SettingsError
 
 KUBERNETES_VERSION = "v1.34.4"  # the last minor that still runs on cgroup v1 without a flag
 CONTAINERD_VERSION = "v2.1.9"  # CDI (cdi_devices) needs containerd >= 1.7
+CERT_MANAGER_VERSION = "v1.21.2"  # the newest cert-manager release the Go module proxy serves
 
 
 @dataclass(frozen=True)
@@ -21,6 +22,7 @@ class E2eSettings:
     node_name: str = "localhost"  # see control.apiserver: the API server dials the kubelet by this name
     kubernetes_version: str = KUBERNETES_VERSION
     containerd_version: str = CONTAINERD_VERSION
+    cert_manager_version: str = CERT_MANAGER_VERSION
     fake_gpus: str = "4x64GiB"
 
     def port(self, offset: int) -> int:
@@ -29,7 +31,7 @@ class E2eSettings:
 
 # Offsets from the port base, one per server.
 (ETCD, ETCD_PEER, API_SERVER, REGISTRY, EXTENDER, WEBHOOK, KUBELET, KUBELET_HEALTHZ, SCHEDULER,
- CONTROLLERS) = range(1, 11)
+ CONTROLLERS, CERT_MANAGER_WEBHOOK, CERT_MANAGER_WEBHOOK_HEALTHZ) = range(1, 13)
 
 
 def from_environ(environ: Mapping[str, str] | None = None) -> E2eSettings:

@@ -19,6 +19,8 @@ from e2e.settings import E2eSettings, from_environ
 REPO = Path(__file__).resolve().parents[1]
 K8S_MODULE_DIR = REPO / "e2e" / "build" / "k8s"
 CONTAINERD_MODULE_DIR = REPO / "e2e" / "build" / "containerd"
+CERT_MANAGER_MODULE_DIR = REPO / "e2e" / "build" / "cert-manager"
+CERT_MANAGER_MODULE = "github.com/cert-manager/cert-manager"
 PAUSE_SOURCE = REPO / "e2e" / "images" / "pause.c"
 
 KUBERNETES_COMMANDS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet")
@@ -43,6 +45,7 @@ class Toolchain:
     runc: Path
     cni_bin: Path
     busybox: Path
+    cert_manager: Path  # directory with the cert-manager command and the release's deploy/ (chart, CRDs)
 
     def kube(self, command: str) -> Path:
         return self.kubernetes / command
@@ -142,6 +145,29 @@ def _build_containerd(settings: E2eSettings, target: Path) -> None:
     staging.rename(target)
 
 
+def _build_cert_manager(settings: E2eSettings, target: Path) -> None:
+    if (target / "cert-manager").exists() and (target / "deploy").is_dir():
+        return
+    _say(f"Building cert-manager {settings.cert_manager_version} from its Go module into {target} ...")
+    staging = target.with_name(target.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    env = _go_env(settings)
+    _run(["go", "build", "-ldflags", "-s -w", "-o", str(staging / "cert-manager"), "."],
+         "go build of cert-manager (controller, cainjector, webhook)", cwd=CERT_MANAGER_MODULE_DIR, env=env)
+    # The release's chart and CRDs come from the same module version as the binary.
+    listed = subprocess.run(["go", "list", "-m", "-f", "{{.Dir}}", CERT_MANAGER_MODULE], cwd=CERT_MANAGER_MODULE_DIR,
+                            env=env, capture_output=True, text=True, check=False)
+    module_dir = Path(listed.stdout.strip())
+    if listed.returncode != 0 or not (module_dir / "deploy" / "charts" / "cert-manager").is_dir():
+        raise ToolchainError(f"could not find the cert-manager module's deploy/ folder: {listed.stderr.strip()}")
+    shutil.copytree(module_dir / "deploy", staging / "deploy")
+    for path in (staging / "deploy").rglob("*"):
+        path.chmod(0o755 if path.is_dir() else 0o644)  # the module cache is read-only
+    shutil.rmtree(target, ignore_errors=True)
+    staging.rename(target)
+
+
 def _build_pause(target: Path) -> None:
     if target.exists():
         return
@@ -159,13 +185,15 @@ def ensure(settings: E2eSettings) -> Toolchain:
     kubernetes = cache / f"kubernetes-{settings.kubernetes_version}"
     containerd = cache / f"containerd-{settings.containerd_version}"
     pause = cache / "pause" / "pause"
+    cert_manager = cache / f"cert-manager-{settings.cert_manager_version}"
     _build_kubernetes(settings, kubernetes)
     _build_containerd(settings, containerd)
+    _build_cert_manager(settings, cert_manager)
     _build_pause(pause)
     return Toolchain(
         kubernetes=kubernetes, containerd=containerd, pause=pause, runc=Path(DEBIAN_PACKAGES["runc"]),
         cni_bin=Path(DEBIAN_PACKAGES["containernetworking-plugins"]).parent,
-        busybox=Path(DEBIAN_PACKAGES["busybox-static"]),
+        busybox=Path(DEBIAN_PACKAGES["busybox-static"]), cert_manager=cert_manager,
     )
 
 

@@ -9,14 +9,13 @@ the serving certificate therefore also names 127.0.0.1 (`gpushare-certs install 
 
 from __future__ import annotations
 
-import base64
-import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from e2e import volumes
 from e2e.kube import Kubectl
 
 REPO = Path(__file__).resolve().parents[1]
@@ -118,16 +117,8 @@ def token(kubectl: Kubectl, namespace: str, name: str, *, node: str | None = Non
 
 
 def secret_files(kubectl: Kubectl, kind: str, name: str, directory: Path) -> dict[str, Path]:
-    """Write a Secret's or ConfigMap's keys (`kind`: secret or configmap) as files, as a volume mount would;
-    returns key -> path."""
-    directory.mkdir(parents=True, exist_ok=True)
-    obj = json.loads(kubectl.ok(["get", kind, name, "-n", NAMESPACE, "-o", "json"]))
-    files = {}
-    for key, value in (obj.get("data") or {}).items():
-        path = directory / key
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_bytes(base64.b64decode(value) if kind == "secret" else value.encode())
-        tmp.chmod(0o600)
-        tmp.rename(path)
-        files[key] = path
-    return files
+    """Write a Secret's or ConfigMap's keys (`kind`: secret or configmap) as files, laid out as the kubelet's
+    volume writer does (see e2e.volumes); returns key -> path."""
+    payload = volumes.fetch(kubectl, kind, name, NAMESPACE)
+    volumes.write(directory, payload)
+    return {key: directory / key for key in payload}

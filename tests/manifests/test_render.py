@@ -148,17 +148,33 @@ def test_service_selects_the_webhook_pods(overlay: str) -> None:
     assert labels_match(deployment["spec"]["selector"]["matchLabels"], pod_labels)
 
 
+def hours(duration: str) -> int:
+    assert duration.endswith("h"), duration
+    return int(duration[:-1])
+
+
 def test_cert_manager_chain_and_injection() -> None:
     objs = render("cert-manager")
     issuers = {o["metadata"]["name"]: o for o in objects(objs, "Issuer")}
     certificates = {o["metadata"]["name"]: o for o in objects(objs, "Certificate")}
     serving = certificates["gpushare-webhook"]["spec"]
-    ca_issuer = issuers[serving["issuerRef"]["name"]]
     assert serving["issuerRef"]["kind"] == "Issuer"
-    ca_certificate = next(c["spec"] for c in certificates.values() if c["spec"]["secretName"] ==
-                          ca_issuer["spec"]["ca"]["secretName"])
-    assert ca_certificate["isCA"] is True
-    assert "selfSigned" in issuers[ca_certificate["issuerRef"]["name"]]["spec"]
+
+    def issuing_certificate(issuer: str) -> Obj:
+        secret = issuers[issuer]["spec"]["ca"]["secretName"]
+        return next(c["spec"] for c in certificates.values() if c["spec"]["secretName"] == secret)
+
+    # serving <- issuing CA (new key on every renewal) <- root (same key on renewal: the trust anchor) <- selfSigned
+    issuing = issuing_certificate(serving["issuerRef"]["name"])
+    root = issuing_certificate(issuing["issuerRef"]["name"])
+    assert issuing["isCA"] is root["isCA"] is True
+    assert issuing["privateKey"]["rotationPolicy"] == "Always"
+    assert root["privateKey"]["rotationPolicy"] == "Never"
+    assert "selfSigned" in issuers[root["issuerRef"]["name"]]["spec"]
+    # cert-manager does not cut a certificate at its issuer's expiry: the issuing CA must be renewed earlier than
+    # the serving certificate's whole lifetime before it expires.
+    assert hours(issuing["renewBefore"]) > hours(serving["duration"])
+    assert hours(root["renewBefore"]) > hours(issuing["duration"])
     assert "server auth" in serving["usages"]
     svc = f"{SERVICE}.{NAMESPACE}.svc"
     assert serving["dnsNames"] == [SERVICE, f"{SERVICE}.{NAMESPACE}", svc, f"{svc}.cluster.local"]

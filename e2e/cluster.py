@@ -20,6 +20,7 @@ from typing import Any
 
 from e2e import control, gpushare, node, procs
 from e2e import settings as ports
+from e2e.certmanager import CertManager
 from e2e.kube import Kubectl
 from e2e.pki import Pki, kubeconfig
 from e2e.settings import E2eSettings, from_environ
@@ -93,6 +94,7 @@ class Cluster:
         kubeconfig(self.conf / "kubelet.kubeconfig", self.server, pki.ca,
                    client=pki.issue("kubelet", f"system:node:{s.node_name}", org="system:nodes"))
         pki.issue("kubelet-serving", s.node_name, hosts=("127.0.0.1", s.node_name))
+        self.cert_manager_serving = pki.issue("cert-manager-webhook", "cert-manager-webhook", hosts=("127.0.0.1",))
 
         self.procs.start("etcd", control.etcd(s, tc.kube("etcd"), self.run / "etcd"))
         etcd_health = f"http://127.0.0.1:{s.port(ports.ETCD)}/health"
@@ -164,12 +166,24 @@ class Cluster:
         return {**_base_env(), **env}
 
     def start_webhook(self) -> None:
-        self.procs.start("webhook", [sys.executable, "-m", "gunicorn", "-c", "gunicorn.conf.py"],
-                         env=self.webhook_env(), cwd=REPO)
+        env = self.webhook_env()
+        self.procs.start("webhook", [sys.executable, "-m", "gunicorn", "-c", "gunicorn.conf.py"], env=env, cwd=REPO)
+        # As the kubelet does for the Deployment's Secret volume: rotated certificates reach the files in place.
+        self.procs.start("webhook-tls-volume", [
+            sys.executable, "-m", "e2e.volumes", "--kubeconfig", str(self.admin_kubeconfig),
+            "--namespace", gpushare.NAMESPACE, "--secret", "gpushare-webhook-tls",
+            "--dir", str(Path(env["GPUSHARE_TLS_CERT"]).parent)], cwd=REPO)
         self.procs.wait_ready("webhook", lambda: _port_open(self.settings.port(ports.WEBHOOK)), 30, "listening")
 
     def stop_webhook(self) -> None:
+        self.procs.stop("webhook-tls-volume")
         self.procs.stop("webhook")
+
+    def cert_manager(self) -> CertManager:
+        """Upstream cert-manager against this cluster (not started: call `start()`)."""
+        return CertManager(kubectl=self.kubectl(), processes=self.procs, settings=self.settings,
+                           release_dir=self.toolchain.cert_manager, server=self.server, ca=self.pki_dir / "ca.crt",
+                           serving=self.cert_manager_serving, conf=self.conf)
 
     def plugin_env(self) -> dict[str, str]:
         verify = gpushare.secret_files(self.kubectl(), "configmap", "gpushare-verify-key",
@@ -202,7 +216,7 @@ class Cluster:
         self.kubectl().ok(["patch", "configmap", "gpushare-config", "-n", gpushare.NAMESPACE, "--type=merge",
                            "-p", f'{{"data":{{"GPUSHARE_DELIVERY":"{delivery}"}}}}'])
         self.procs.stop("device-plugin")
-        self.procs.stop("webhook")
+        self.stop_webhook()
         self.start_webhook()
         self.start_plugin()
 

@@ -168,11 +168,12 @@ class Cluster:
     def start_webhook(self) -> None:
         env = self.webhook_env()
         self.procs.start("webhook", [sys.executable, "-m", "gunicorn", "-c", "gunicorn.conf.py"], env=env, cwd=REPO)
-        # As the kubelet does for the Deployment's Secret volume: rotated certificates reach the files in place.
+        # As the kubelet does for the Deployment's Secret volume: rotated certificates reach the files in place,
+        # some seconds after the Secret changed (the kubelet: its sync period, a minute by default, at most).
         self.procs.start("webhook-tls-volume", [
             sys.executable, "-m", "e2e.volumes", "--kubeconfig", str(self.admin_kubeconfig),
             "--namespace", gpushare.NAMESPACE, "--secret", "gpushare-webhook-tls",
-            "--dir", str(Path(env["GPUSHARE_TLS_CERT"]).parent)], cwd=REPO)
+            "--dir", str(Path(env["GPUSHARE_TLS_CERT"]).parent), "--period", "10"], cwd=REPO)
         self.procs.wait_ready("webhook", lambda: _port_open(self.settings.port(ports.WEBHOOK)), 30, "listening")
 
     def stop_webhook(self) -> None:

@@ -241,10 +241,10 @@ def serve_until_signalled(settings: PluginSettings) -> int:
     def on_signal(signum: int, frame: FrameType | None) -> None:
         if stop_event.is_set():
             return  # a second signal: the watchdog runs already
+        arm()  # first: logging itself could block (a full stderr pipe, a lock held by a stuck thread)
         log.info("Received %s; stopping. If the plugin has not stopped within %g s (GPUSHARE_SHUTDOWN_SECONDS), "
                  "every thread's stack is written to the log and the process exits.", signal.Signals(signum).name,
                  bound)
-        arm()
         stop_event.set()
 
     signal.signal(signal.SIGTERM, on_signal)

@@ -215,10 +215,7 @@ class KubeApiServer:
         body = event_body(pod, event_type, reason, message, self.node_name)
         event = self._client.CoreV1Event.from_dict(body)
         namespace = str(body["metadata"]["namespace"])
-        try:
-            self._call(f"post an Event on pod {namespace}", self._core.create_namespaced_event, namespace, event)
-        except ApiServerError as exc:
-            log.warning("could not post the %s Event %s: %s", event_type, reason, exc)
+        self._call(f"post an Event on pod {namespace}", self._core.create_namespaced_event, namespace, event)
 
     def patch_node_capacity(self, capacity: Mapping[str, str]) -> None:
         body = {"status": {"capacity": dict(capacity)}}

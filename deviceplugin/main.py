@@ -33,6 +33,7 @@ from deviceplugin.apiserver import ApiServer, ApiServerError, KubeApiServer
 from deviceplugin.cdi import CdiStore
 from deviceplugin.inventory import Inventory, InventoryError, XidWatcher, load_inventory
 from deviceplugin.kubelet import KubeletHoldings, RegistrationError, RestartWatch, register
+from deviceplugin.metrics import MeteredApiServer, MetricsServer, PluginMetrics
 from deviceplugin.owners import Holdings
 from deviceplugin.server import OPTIONS, DevicePluginServicer, serve
 from deviceplugin.service import Service
@@ -81,6 +82,8 @@ class Plugin:
         # another plugin process, nor one it never made (a start that failed before serving).
         self._socket: SocketId | None = None
         self._gc = threading.Thread(target=self._gc_loop, name="gc", daemon=True)
+        self.metrics = PluginMetrics()
+        self.metrics_server: MetricsServer | None = None
 
     def start(self) -> None:
         s = self.settings
@@ -111,7 +114,13 @@ class Plugin:
             self.holdings = KubeletHoldings(
                 s.pod_resources_socket, s.kubelet_checkpoint, s.contract.resource, s.rpc_timeout_seconds
             )
-        self.service = Service(s, self.inventory, self.api, self.holdings, self.public_key, cdi=CdiStore(s.cdi_dir))
+        api = MeteredApiServer(self.api, self.metrics)
+        self.service = Service(s, self.inventory, api, self.holdings, self.public_key, cdi=CdiStore(s.cdi_dir),
+                               metrics=self.metrics)
+        if s.metrics_bind is not None:
+            self.metrics.watch_node(self.inventory, self.service.context, api.node_pods)
+            self.metrics_server = MetricsServer(s.metrics_bind, self.metrics.registry)
+            log.info("serving Prometheus metrics on http://%s:%s/metrics", *self.metrics_server.address)
         self.service.remember_pins()  # before serving: a container restarted now keeps the GPU it had
         registered = True
         try:
@@ -127,7 +136,7 @@ class Plugin:
             self._xid = XidWatcher(self.inventory)
             self._xid.start()
         try:
-            self.api.patch_node_capacity({GPU_COUNT: str(len(self.inventory.gpus))})
+            api.patch_node_capacity({GPU_COUNT: str(len(self.inventory.gpus))})
         except ApiServerError as exc:
             log.warning("could not publish %s on node %s: %s", GPU_COUNT, s.node_name, exc)
         log.info("gpushare device plugin serving %s (%d GPUs, %d devices, delivery %s, placement %s) on %s",
@@ -140,10 +149,16 @@ class Plugin:
         assert self.inventory is not None
         with self._serve_lock:
             self._stop_server()
-            self._servicer = DevicePluginServicer(self.service, self.inventory, self._stop, s.rpc_timeout_seconds)
+            self._servicer = DevicePluginServicer(self.service, self.inventory, self._stop, s.rpc_timeout_seconds,
+                                                  self.metrics)
             self._server = serve(self._servicer, s.socket_path)
             self._socket = _socket_id(s.socket_path)
-            register(s.kubelet_socket, s.socket_name, s.contract.resource, OPTIONS, s.rpc_timeout_seconds)
+            try:
+                register(s.kubelet_socket, s.socket_name, s.contract.resource, OPTIONS, s.rpc_timeout_seconds)
+            except RegistrationError:
+                self.metrics.registrations.labels("failed").inc()
+                raise
+            self.metrics.registrations.labels("ok").inc()
         log.info("registered %s with the kubelet (endpoint %s)", s.contract.resource, s.socket_name)
 
     def _stop_server(self) -> None:
@@ -177,6 +192,9 @@ class Plugin:
         service: Service | None = getattr(self, "service", None)  # absent when start() failed before making it
         if service is not None:
             service.close()
+        if self.metrics_server is not None:
+            self.metrics_server.stop()
+            self.metrics_server = None
         if self._own_api is not None:
             self._own_api.stop()
         if isinstance(self.holdings, KubeletHoldings):

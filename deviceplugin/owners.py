@@ -20,12 +20,15 @@ _GET_LIMIT = 4
 
 
 class PluginError(Exception):
-    """An answer the kubelet receives as a gRPC error: `code` is a grpc.StatusCode name."""
+    """An answer the kubelet receives as a gRPC error: `code` is a grpc.StatusCode name; `reason` is what the
+    refusal is counted under (deviceplugin/metrics.py), `attributed` whether an Event on its pod says it already."""
 
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(self, code: str, message: str, reason: str = "", *, attributed: bool = False) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
+        self.reason = reason
+        self.attributed = attributed
 
 
 class Holdings(Protocol):
@@ -37,8 +40,8 @@ class Holdings(Protocol):
 
 
 def refused(refusal: Refusal) -> PluginError:
-    log.warning("PreStartContainer refused: %s", refusal.message)
-    return PluginError("FAILED_PRECONDITION", refusal.message)
+    """A refusal of devices whose pod is not known (the service logs it and counts it as unattributed)."""
+    return PluginError("FAILED_PRECONDITION", refusal.message, refusal.reason)
 
 
 class Owners:
@@ -132,7 +135,7 @@ class Owners:
             raise PluginError(
                 "FAILED_PRECONDITION",
                 f"the pod with UID {owner.pod_uid} that holds these devices is not on node {self.node_name} any "
-                "more; the container is not started",
+                "more; the container is not started", "GpuSharePodGone",
             )
         meta = match[0]["metadata"]
         return Owner(str(meta.get("namespace")), str(meta.get("name")), owner.pod_uid, owner.containers)

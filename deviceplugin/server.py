@@ -17,6 +17,7 @@ from deviceplugin import deadline
 from deviceplugin.api import deviceplugin_pb2 as pb
 from deviceplugin.api import deviceplugin_pb2_grpc
 from deviceplugin.inventory import Inventory
+from deviceplugin.metrics import PluginMetrics
 from deviceplugin.owners import PluginError
 from deviceplugin.service import Service
 
@@ -31,8 +32,10 @@ OPTIONS = pb.DevicePluginOptions(pre_start_required=True, get_preferred_allocati
 
 
 class DevicePluginServicer(deviceplugin_pb2_grpc.DevicePluginServicer):
-    def __init__(self, service: Service, inventory: Inventory, stop: threading.Event, timeout: float) -> None:
+    def __init__(self, service: Service, inventory: Inventory, stop: threading.Event, timeout: float,
+                 metrics: PluginMetrics | None = None) -> None:
         self.service = service
+        self.metrics = metrics or PluginMetrics()
         self.inventory = inventory
         self.stop = stop
         self.timeout = timeout
@@ -45,13 +48,17 @@ class DevicePluginServicer(deviceplugin_pb2_grpc.DevicePluginServicer):
     def _bounded(self, call: str, context: grpc.ServicerContext, work: Callable[[], T]) -> T:
         # The deadline runs from the call's arrival, and every API and PodResources request the work makes is cut
         # to what is left of it, so a worker whose requests hang is free again when its call has been answered.
-        until = time.monotonic() + self.timeout
+        started = time.monotonic()
+        until = started + self.timeout
         future = self._workers.submit(deadline.run_until, until, work)
+        code, reason = "OK", ""
         try:
             return future.result(timeout=self.timeout)
         except PluginError as exc:
+            code, reason = exc.code, exc.reason
             context.abort(getattr(grpc.StatusCode, exc.code), exc.message)
         except concurrent.futures.TimeoutError:
+            code = "DEADLINE_EXCEEDED"
             future.cancel()  # still queued: never start work whose answer nobody waits for
             context.abort(
                 grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -59,11 +66,14 @@ class DevicePluginServicer(deviceplugin_pb2_grpc.DevicePluginServicer):
                 "(GPUSHARE_RPC_TIMEOUT_SECONDS); check its API server and kubelet access in its log",
             )
         except Exception as exc:
+            code = "INTERNAL"
             log.exception("%s failed unexpectedly", call)
             context.abort(
                 grpc.StatusCode.INTERNAL,
                 f"the gpushare device plugin failed in {call} ({exc!r}); see its log and report the problem",
             )
+        finally:
+            self.metrics.call(call, code, time.monotonic() - started, reason)
         raise AssertionError("context.abort always raises")  # pragma: no cover
 
     def GetDevicePluginOptions(self, request: pb.Empty, context: grpc.ServicerContext) -> pb.DevicePluginOptions:

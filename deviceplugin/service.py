@@ -2,22 +2,26 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from deviceplugin import delivery
 from deviceplugin.apiserver import ApiServer, ApiServerError, Conflict
+from deviceplugin.blame import allocate_refusal, waiting_pods
 from deviceplugin.cdi import CdiStore, present, write_atomically
 from deviceplugin.eventqueue import EventQueue
+from deviceplugin.events import EventRecorder, TokenBuckets
 from deviceplugin.inventory import Inventory
 from deviceplugin.kubelet import KubeletUnavailable
+from deviceplugin.metrics import PluginMetrics
 from deviceplugin.nodeindex import NodeIndex
 from deviceplugin.nodeplace import NodePlacer
 from deviceplugin.owners import Holdings, Owners, PluginError
@@ -38,6 +42,7 @@ class Service:
     def __init__(
         self, settings: PluginSettings, inventory: Inventory, api: ApiServer, kubelet: Holdings,
         public_key: Ed25519PublicKey, *, cdi: CdiStore | None = None, clock: Callable[[], float] = time.time,
+        metrics: PluginMetrics | None = None,
     ) -> None:
         self.settings = settings
         self.contract = settings.contract
@@ -58,7 +63,10 @@ class Service:
         self.placer = NodePlacer(api, inventory, self.context)
         self.index = NodeIndex(self.context)
         self.owners = Owners(kubelet, api, settings.node_name, self.index)
+        self.metrics = metrics or PluginMetrics()
         self.events = EventQueue(self._post_event)
+        # Every refusal and allocation, rate limited per pod and reason, then queued off the kubelet's critical path.
+        self.recorder = EventRecorder(self.events.post, self.metrics, TokenBuckets(clock=clock))
         api.subscribe(self.index)
 
     def close(self) -> None:
@@ -75,6 +83,20 @@ class Service:
 
     def allocate(self, requests: Sequence[Sequence[str]]) -> list[delivery.ContainerDelivery]:
         """One answer per container request, keyed by the slot of its device IDs; no pod is guessed."""
+        with self._unattributed("Allocate"):
+            return self._allocate(requests)
+
+    @contextlib.contextmanager
+    def _unattributed(self, call: str) -> Iterator[None]:
+        """A refusal that no Event on a pod has told of goes to the log and the unattributed counter."""
+        try:
+            yield
+        except PluginError as exc:
+            if exc.code in ("FAILED_PRECONDITION", "INVALID_ARGUMENT") and not exc.attributed:
+                self.recorder.unattributed(call, exc.reason or exc.code, exc.message)
+            raise
+
+    def _allocate(self, requests: Sequence[Sequence[str]]) -> list[delivery.ContainerDelivery]:
         answers = []
         for device_ids in requests:
             self._check_known(device_ids, "Allocate")
@@ -106,14 +128,15 @@ class Service:
 
     def _check_known(self, device_ids: Sequence[str], call: str) -> None:
         if not device_ids:
-            raise PluginError("INVALID_ARGUMENT", f"{call} named no device; the kubelet sent an empty request")
+            raise PluginError("INVALID_ARGUMENT", f"{call} named no device; the kubelet sent an empty request",
+                              "GpuShareInvalidRequest")
         unknown = self.inventory.unknown(device_ids)
         if unknown:
             raise PluginError(
                 "INVALID_ARGUMENT",
                 f"{call} named devices {', '.join(sorted(unknown)[:5])} that node {self.settings.node_name} does not "
                 f"have ({len(unknown)} unknown of {len(device_ids)}); restart the kubelet so it forgets devices "
-                "from an earlier GPU inventory",
+                "from an earlier GPU inventory", "GpuShareUnknownDevices",
             )
 
     def _check_candidates(self, units: int, slot: str) -> None:
@@ -122,10 +145,12 @@ class Service:
         try:
             found: list[str] = []
             notes: list[str] = []
+            pods: list[dict[str, Any]] = []
             if not self.index.synced:
                 found, notes = allocation_candidates(self.api.node_pods(), units, slot, self.context)
             if not found:  # the watch cache may lag behind the binding that made the kubelet admit this pod
-                found, notes = allocation_candidates(self.api.list_node_pods(), units, slot, self.context)
+                pods = self.api.list_node_pods()
+                found, notes = allocation_candidates(pods, units, slot, self.context)
         except ApiServerError as exc:
             raise PluginError(
                 "UNAVAILABLE",
@@ -144,13 +169,22 @@ class Service:
         )
         if notes:
             message += "; pods that came close: " + " | ".join(notes[:3])
-        log.warning("Allocate refused: %s", message)
-        raise PluginError("FAILED_PRECONDITION", message)
+        waiting = waiting_pods(pods, units, self.context)
+        if len(waiting) != 1:
+            raise PluginError("FAILED_PRECONDITION", f"{message} ({len(waiting)} pods on this node wait for {units} "
+                              f"{unit}, so the refused one is not known)", "GpuShareNoCandidate")
+        refusal = allocate_refusal(waiting[0], units, self.context)
+        self.recorder.refused("Allocate", waiting[0], refusal.reason, refusal.message)
+        raise PluginError("FAILED_PRECONDITION", message, refusal.reason, attributed=True)
 
     # -- PreStartContainer -------------------------------------------------------------------------------
 
     def prestart(self, device_ids: Sequence[str]) -> Accepted:
         """Resolve the exact pod holding these devices, validate it, deliver its GPU and record it."""
+        with self._unattributed("PreStartContainer"):
+            return self._prestart(device_ids)
+
+    def _prestart(self, device_ids: Sequence[str]) -> Accepted:
         self._check_known(device_ids, "PreStartContainer")
         owner = self.owners.owner(device_ids)
         for _ in range(_PATCH_ATTEMPTS):
@@ -170,9 +204,8 @@ class Service:
             except Conflict:
                 continue  # the pod changed since we read it: read it again and decide again
             except Refusal as refusal:
-                self._event(pod, "Warning", refusal.reason, refusal.message)
-                log.warning("PreStartContainer refused: %s", refusal.message)
-                raise PluginError("FAILED_PRECONDITION", refusal.message) from refusal
+                self.recorder.refused("PreStartContainer", pod, refusal.reason, refusal.message)
+                raise PluginError("FAILED_PRECONDITION", refusal.message, refusal.reason, attributed=True) from refusal
             except ApiServerError as exc:
                 raise PluginError(
                     "UNAVAILABLE",
@@ -205,6 +238,7 @@ class Service:
             raise PluginError(
                 "FAILED_PRECONDITION",
                 f"pod {owner.ref}, which holds these devices, no longer exists; its container is not started",
+                "GpuSharePodGone",
             )
         return pod
 
@@ -248,21 +282,17 @@ class Service:
         self.api.patch_pod_annotations(meta["namespace"], meta["name"], accepted.patch, meta["resourceVersion"])
         unit = self.contract.unit
         containers = ", ".join(f"{n!r} ({s.units} {unit})" for n, s in accepted.allocation.containers.items())
-        self._event(
-            pod, "Normal", "GpuShareAllocated",
-            f"Pod {accepted.ref} runs on GPU {accepted.gpu.index} ({accepted.gpu.uuid}) of node "
-            f"{self.settings.node_name}: containers {containers}.",
-        )
-
-    def _event(self, pod: Mapping[str, Any], event_type: str, reason: str, message: str) -> None:
-        """Queued: the kubelet's call is answered without waiting for the API server to take the Event."""
-        self.events.post(pod, event_type, reason, message)
+        self.recorder.allocated(pod, f"Pod {accepted.ref} runs on GPU {accepted.gpu.index} ({accepted.gpu.uuid}) of "
+                                     f"node {self.settings.node_name}: containers {containers}.")
 
     def _post_event(self, pod: Mapping[str, Any], event_type: str, reason: str, message: str) -> None:
+        """The queue's thread: the kubelet's call was answered without waiting for the API server."""
         try:
             self.api.create_event(pod, event_type, reason, message)
         except ApiServerError as exc:
             log.warning("could not post Event %s on pod %s: %s", reason, pod_ref(pod), exc)
+            return
+        self.metrics.events.labels(event_type, reason).inc()
 
     # -- pins and garbage collection ---------------------------------------------------------------------
 

@@ -18,6 +18,7 @@ PURE = [
     "webhook.settings",
     "certs.build",
     "deviceplugin.resolve",
+    "deviceplugin.blame",
     "deviceplugin.trust",
     "deviceplugin.usage",
     "deviceplugin.pins",

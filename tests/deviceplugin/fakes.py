@@ -31,6 +31,7 @@ def plugin_settings(tmp: str, **env: str) -> PluginSettings:
         "GPUSHARE_CDI_DIR": f"{tmp}/cdi",
         "GPUSHARE_FAKE_GPU_DIR": f"{tmp}/fake-gpus",
         "GPUSHARE_RPC_TIMEOUT_SECONDS": "5",
+        "GPUSHARE_METRICS_BIND": "127.0.0.1:0",
     }
     base.update(env)
     return settings_from(base)

@@ -103,6 +103,7 @@ def test_the_process_stops_cleanly_on_sigterm(tmp_path_factory: pytest.TempPathF
         "GPUSHARE_VERIFY_KEY": str(key), "GPUSHARE_DEVICE_PLUGIN_DIR": settings.device_plugin_dir,
         "GPUSHARE_POD_RESOURCES_SOCKET": settings.pod_resources_socket, "GPUSHARE_CDI_DIR": settings.cdi_dir,
         "GPUSHARE_KUBECONFIG": write_kubeconfig(tmp / "kubeconfig", server.server_address[1]),
+        "GPUSHARE_METRICS_BIND": "127.0.0.1:0",
     })
     process = subprocess.Popen(
         [sys.executable, "-m", "deviceplugin.main", "--node-name", "node-a", "--fake-gpus", "1x4GiB"],

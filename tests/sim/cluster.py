@@ -172,6 +172,7 @@ class Cluster:
             "GPUSHARE_FAKE_GPU_DIR": cfg.fake_gpu_dir,
             "GPUSHARE_KUBECONFIG": str(kubeconfig),
             "GPUSHARE_PLACEMENT": self.spec.placement,
+            "GPUSHARE_METRICS_BIND": "127.0.0.1:0",
         })
         plugin = Plugin(settings)  # it sees a simulated kubelet restart through its directory watch, as on a node
         plugin.start()

@@ -1,0 +1,201 @@
+"""Prometheus metrics of the device plugin, its API-error counting, and its plain-HTTP /metrics listener."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from deviceplugin.apiserver import ApiServer, ApiServerError, Conflict, PodListener
+from deviceplugin.inventory import Inventory
+from deviceplugin.trust import Context, Refusal
+from deviceplugin.usage import node_usage, recorded_pin
+from webhook.settings import SettingsError
+
+log = logging.getLogger(__name__)
+
+CALLS = ("Allocate", "PreStartContainer")
+OUTCOMES = ("ok", "invalid_argument", "failed_precondition", "unavailable", "deadline_exceeded", "internal")
+# Every reason a call is refused under: the Refusal reasons (which are also the reasons of its Events), and one per
+# gRPC code for the answers that are not a decision about a pod.
+REASONS = (
+    "GpuShareNoIntent", "GpuShareBadSignature", "GpuShareBadIntent", "GpuShareBadAssignment", "GpuShareNotPlaced",
+    "GpuShareUnhealthy", "GpuShareMoved", "GpuShareNoRoom", "GpuShareNoEnv", "GpuShareCdiFailed",
+    "GpuShareUnknownDevices", "GpuSharePodGone", "GpuShareNoCandidate", "GpuShareRefused",
+    "GpuShareInvalidRequest", "GpuShareUnavailable", "GpuShareTimeout", "GpuShareInternalError",
+)
+BY_CODE = {
+    "INVALID_ARGUMENT": "GpuShareInvalidRequest", "FAILED_PRECONDITION": "GpuShareRefused",
+    "UNAVAILABLE": "GpuShareUnavailable", "DEADLINE_EXCEEDED": "GpuShareTimeout", "INTERNAL": "GpuShareInternalError",
+}
+API_OPERATIONS = ("list_pods", "get_pod", "patch_pod", "create_event", "patch_node")
+# A call takes milliseconds; the kubelet gives PreStartContainer 30 s, and GPUSHARE_RPC_TIMEOUT_SECONDS is below.
+BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class PluginMetrics:
+    """Counters of one plugin process; a fresh registry each, so tests start from zero."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.calls = Counter("gpushare_deviceplugin_calls", "Kubelet calls answered, by method and outcome "
+                             "(ok, or the gRPC status code).", ["method", "outcome"], registry=r)
+        self.duration = Histogram("gpushare_deviceplugin_call_duration_seconds", "Time to answer a kubelet call.",
+                                  ["method"], buckets=BUCKETS, registry=r)
+        self.refusals = Counter("gpushare_deviceplugin_refusals", "Kubelet calls not answered with devices, by "
+                                "reason.", ["method", "reason"], registry=r)
+        self.unattributed = Counter("gpushare_deviceplugin_unattributed_refusals", "Refusals whose pod could not be "
+                                    "identified, so no Event was posted (the log has them).", ["method"], registry=r)
+        self.events = Counter("gpushare_deviceplugin_events", "Events posted on pods, by type and reason.",
+                              ["type", "reason"], registry=r)
+        self.suppressed = Counter("gpushare_deviceplugin_events_suppressed", "Events not posted because the same pod "
+                                  "had too many for the same reason lately (the log has them).", ["reason"],
+                                  registry=r)
+        self.registrations = Counter("gpushare_deviceplugin_registrations", "Registrations with the kubelet, by "
+                                     "outcome (ok or failed).", ["outcome"], registry=r)
+        self.api_errors = Counter("gpushare_deviceplugin_api_errors", "API server requests that failed (a 409 "
+                                  "conflict, which is retried, is not counted), by operation.", ["operation"],
+                                  registry=r)
+        for method in CALLS:
+            self.duration.labels(method)
+            self.unattributed.labels(method)
+            for outcome in OUTCOMES:
+                self.calls.labels(method, outcome)
+            for reason in REASONS:
+                self.refusals.labels(method, reason)
+        for outcome in ("ok", "failed"):
+            self.registrations.labels(outcome)
+        for operation in API_OPERATIONS:
+            self.api_errors.labels(operation)
+
+    def call(self, method: str, code: str, seconds: float, reason: str = "") -> None:
+        """One kubelet call: `code` is "OK" or the gRPC status code name it was answered with."""
+        self.calls.labels(method, code.lower()).inc()
+        self.duration.labels(method).observe(seconds)
+        if code != "OK":
+            self.refusals.labels(method, reason if reason in REASONS else BY_CODE.get(code, "GpuShareRefused")).inc()
+
+    def watch_node(self, inventory: Inventory, context: Context, pods: Callable[[], list[dict[str, Any]]]) -> None:
+        self.registry.register(NodeCollector(inventory, context, pods, self))
+
+
+def units_by_gpu(pods: Sequence[Mapping[str, Any]], ctx: Context) -> dict[int, tuple[int, int]]:
+    """GPU index -> (units promised to believed pods placed on it, units of those with an allocation record)."""
+    usage = node_usage(pods, ctx)
+    allocated: dict[int, int] = {}
+    for pod in pods:
+        pin = recorded_pin(pod, ctx)
+        verdict = ctx.verdicts.intent(pod, ctx) if pin is not None else None
+        if pin is not None and verdict is not None and not isinstance(verdict, Refusal):
+            allocated[pin.index] = allocated.get(pin.index, 0) + verdict.total
+    return {index: (usage.on(index)[0], allocated.get(index, 0)) for index in ctx.gpus}
+
+
+class NodeCollector(Collector):
+    """Per-GPU capacity, promised and allocated units and health, computed at each scrape from the pod cache."""
+
+    def __init__(self, inventory: Inventory, ctx: Context, pods: Callable[[], list[dict[str, Any]]],
+                 metrics: PluginMetrics) -> None:
+        self.inventory = inventory
+        self.ctx = ctx
+        self.pods = pods
+        self.metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        labels = ["gpu", "uuid"]
+        capacity = GaugeMetricFamily("gpushare_deviceplugin_gpu_capacity_units", "Memory of the GPU, in units.",
+                                     labels=labels)
+        healthy = GaugeMetricFamily("gpushare_deviceplugin_gpu_healthy", "1 when the GPU is healthy, 0 once a "
+                                    "critical XID marked its devices Unhealthy.", labels=labels)
+        for gpu in self.inventory.gpus:
+            capacity.add_metric([str(gpu.index), gpu.uuid], gpu.memory_units)
+            healthy.add_metric([str(gpu.index), gpu.uuid], 1 if self.inventory.healthy(gpu.index) else 0)
+        yield capacity
+        yield healthy
+        try:
+            units = units_by_gpu(self.pods(), self.ctx)
+        except ApiServerError as exc:
+            log.info("The per-GPU unit metrics are left out of this scrape: %s.", exc)
+            return
+        promised = GaugeMetricFamily("gpushare_deviceplugin_gpu_units_promised", "Units promised on the GPU to "
+                                     "pods the plugin believes (placed there, allocated or not).", labels=labels)
+        allocated = GaugeMetricFamily("gpushare_deviceplugin_gpu_units_allocated", "Units of the pods whose "
+                                      "allocation on the GPU the plugin has recorded.", labels=labels)
+        for gpu in self.inventory.gpus:
+            promised.add_metric([str(gpu.index), gpu.uuid], units[gpu.index][0])
+            allocated.add_metric([str(gpu.index), gpu.uuid], units[gpu.index][1])
+        yield promised
+        yield allocated
+
+
+class MeteredApiServer:
+    """The ApiServer with its failures counted by operation (gpushare_deviceplugin_api_errors_total)."""
+
+    def __init__(self, api: ApiServer, metrics: PluginMetrics) -> None:
+        self._api = api
+        self._errors = metrics.api_errors
+
+    def _counted(self, operation: str, call: Callable[[], Any]) -> Any:
+        try:
+            return call()
+        except Conflict:
+            raise
+        except ApiServerError:
+            self._errors.labels(operation).inc()
+            raise
+
+    def subscribe(self, listener: PodListener) -> None:
+        self._api.subscribe(listener)
+
+    def node_pods(self) -> list[dict[str, Any]]:
+        pods: list[dict[str, Any]] = self._counted("list_pods", self._api.node_pods)
+        return pods
+
+    def list_node_pods(self) -> list[dict[str, Any]]:
+        pods: list[dict[str, Any]] = self._counted("list_pods", self._api.list_node_pods)
+        return pods
+
+    def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        pod: dict[str, Any] | None = self._counted("get_pod", lambda: self._api.get_pod(namespace, name))
+        return pod
+
+    def patch_pod_annotations(
+        self, namespace: str, name: str, annotations: Mapping[str, str], resource_version: str
+    ) -> dict[str, Any]:
+        pod: dict[str, Any] = self._counted("patch_pod", lambda: self._api.patch_pod_annotations(
+            namespace, name, annotations, resource_version))
+        return pod
+
+    def create_event(self, pod: Mapping[str, Any], event_type: str, reason: str, message: str) -> None:
+        self._counted("create_event", lambda: self._api.create_event(pod, event_type, reason, message))
+
+    def patch_node_capacity(self, capacity: Mapping[str, str]) -> None:
+        self._counted("patch_node", lambda: self._api.patch_node_capacity(capacity))
+
+
+class MetricsServer:
+    """GET /metrics over plain HTTP (GPUSHARE_METRICS_BIND) on a daemon thread."""
+
+    def __init__(self, bind: tuple[str, int], registry: CollectorRegistry) -> None:
+        host, port = bind
+        try:
+            server, thread = start_http_server(port, addr=host, registry=registry)
+        except OSError as exc:
+            raise SettingsError(
+                f"GPUSHARE_METRICS_BIND={host}:{port} cannot be listened on ({exc}); choose a free port, or set it "
+                "empty to serve no metrics"
+            ) from exc
+        self._server = server
+        self._thread: threading.Thread = thread
+        self.address = (host, int(server.server_port))
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)

@@ -159,6 +159,7 @@ class Cluster:
         signing = gpushare.secret_files(kubectl, "secret", "gpushare-signing-key", here / "signing")
         overrides = {
             "GPUSHARE_BIND": f"127.0.0.1:{self.settings.port(ports.WEBHOOK)}",
+            "GPUSHARE_METRICS_BIND": f"127.0.0.1:{self.settings.port(ports.WEBHOOK_METRICS)}",
             "GPUSHARE_TLS_CERT": str(files["tls.crt"]), "GPUSHARE_TLS_KEY": str(files["tls.key"]),
             "GPUSHARE_SIGNING_KEY": str(signing["signing.key"]), "GPUSHARE_DELIVERY": self.delivery,
         }
@@ -194,6 +195,7 @@ class Cluster:
             "GPUSHARE_KUBECONFIG": str(self.conf / "plugin.kubeconfig"),
             "GPUSHARE_VERIFY_KEY": str(verify["signing.pub"]), "GPUSHARE_DELIVERY": self.delivery,
             "GPUSHARE_FAKE_GPU_DIR": str(node.RUN_ROOT / "fake-gpus"),
+            "GPUSHARE_METRICS_BIND": f"127.0.0.1:{self.settings.port(ports.PLUGIN_METRICS)}",
         }
         env = gpushare.workload_env(self.docs, "DaemonSet", overrides)
         for name in ("NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES"):

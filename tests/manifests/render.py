@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -34,6 +35,20 @@ def _rendered(overlay: str) -> tuple[Obj, ...]:
     if done.returncode != 0:
         raise AssertionError(f"`kubectl kustomize manifests/{overlay}` failed: {done.stderr.strip()}")
     return tuple(doc for doc in yaml.safe_load_all(done.stdout) if doc)
+
+
+def render_with_component(overlay: str, component: str, directory: Path) -> list[Obj]:
+    """manifests/<overlay> with the kustomize component manifests/<component>, rendered from `directory`."""
+    (directory / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        # kustomize takes only relative paths to other kustomizations
+        "resources": [os.path.relpath(MANIFESTS / overlay, directory)],
+        "components": [os.path.relpath(MANIFESTS / component, directory)],
+    }))
+    done = subprocess.run([kubectl(), "kustomize", str(directory)], capture_output=True, text=True, timeout=60,
+                          check=False)
+    assert done.returncode == 0, done.stderr
+    return [doc for doc in yaml.safe_load_all(done.stdout) if doc]
 
 
 def render(overlay: str) -> list[Obj]:

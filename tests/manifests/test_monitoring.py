@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import datetime
 import json
-import os
 import re
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from certs.build import dev_bundle
@@ -19,7 +16,16 @@ from certs.cli import write_files
 from deviceplugin.inventory import Inventory, fake_gpus
 from deviceplugin.metrics import NodeCollector, PluginMetrics
 from deviceplugin.trust import Context
-from tests.manifests.render import MANIFESTS, NAMESPACE, OVERLAYS, container, env_of, find, kubectl, pod_spec
+from tests.manifests.render import (
+    MANIFESTS,
+    NAMESPACE,
+    OVERLAYS,
+    container,
+    env_of,
+    find,
+    pod_spec,
+    render_with_component,
+)
 from webhook.metrics import CertificateExpiry, WebhookMetrics
 from webhook.protocol import Contract
 from webhook.settings import metrics_address
@@ -28,15 +34,7 @@ WORKLOADS = [("Deployment", "gpushare-webhook", "webhook"), ("DaemonSet", "gpush
 
 
 def render_with_monitoring(overlay: str, tmp_path: Path) -> list[dict[str, Any]]:
-    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump({
-        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
-        "resources": [os.path.relpath(MANIFESTS / overlay, tmp_path)],
-        "components": [os.path.relpath(MANIFESTS / "monitoring", tmp_path)],
-    }))
-    done = subprocess.run([kubectl(), "kustomize", str(tmp_path)], capture_output=True, text=True, timeout=60,
-                          check=False)
-    assert done.returncode == 0, done.stderr
-    return [doc for doc in yaml.safe_load_all(done.stdout) if doc]
+    return render_with_component(overlay, "monitoring", tmp_path)
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)

@@ -2,28 +2,26 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
-from tests.manifests.render import MANIFESTS, NAMESPACE, OVERLAYS, container, find, kubectl, pod_spec
+from tests.manifests.render import (
+    MANIFESTS,
+    NAMESPACE,
+    OVERLAYS,
+    container,
+    find,
+    kubectl,
+    pod_spec,
+    render_with_component,
+)
 
 
 def render_with_policy(overlay: str, tmp_path: Path) -> list[dict[str, Any]]:
-    (tmp_path / "kustomization.yaml").write_text(yaml.safe_dump({
-        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
-        # kustomize takes only relative paths to other kustomizations
-        "resources": [os.path.relpath(MANIFESTS / overlay, tmp_path)],
-        "components": [os.path.relpath(MANIFESTS / "network-policy", tmp_path)],
-    }))
-    done = subprocess.run([kubectl(), "kustomize", str(tmp_path)], capture_output=True, text=True, timeout=60,
-                          check=False)
-    assert done.returncode == 0, done.stderr
-    return [doc for doc in yaml.safe_load_all(done.stdout) if doc]
+    return render_with_component(overlay, "network-policy", tmp_path)
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)

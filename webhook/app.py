@@ -142,7 +142,6 @@ def create_app(
     key = SigningKey(settings, private_key)
     readiness = Readiness(settings, key, clock)
     counted = metrics or WebhookMetrics()
-    app.extensions["gpushare_metrics"] = counted
 
     def body() -> bytes:
         try:

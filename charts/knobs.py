@@ -136,6 +136,8 @@ KNOBS: tuple[Knob, ...] = (
 # `<camelCase folder>.enabled`, off by default, as a component is until an overlay lists it.
 COMPONENT_DOCS = {
     "network-policy": "Admit only the API server to the webhook's port (set networkPolicy.from first).",
+    "monitoring": "Prometheus Operator PodMonitors for the webhook and the device plugins, and the Grafana "
+                  "dashboard as a ConfigMap (needs the monitoring.coreos.com CRDs).",
 }
 
 

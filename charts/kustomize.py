@@ -78,7 +78,8 @@ def origin(obj: Obj) -> str:
     if not annotations:
         metadata.pop("annotations", None)
     # The path is relative to the temporary kustomization; keep only what follows manifests/.
-    path = str(recorded["path"])
+    # A generated object (configMapGenerator) records the kustomization that generated it instead of a path.
+    path = str(recorded.get("path") or recorded.get("configuredIn") or "unknown")
     return "manifests/" + path.split("manifests/", 1)[1] if "manifests/" in path else path
 
 

@@ -32,7 +32,7 @@ class Gpu:
     index: int  # the NVML index: what NVIDIA_VISIBLE_DEVICES and ALIYUN_COM_GPU_MEM_IDX mean
     uuid: str
     memory_units: int
-    minor: int | None = None  # /dev/nvidia<minor>; None for a fake GPU
+    minor: int | None = None  # /dev/nvidia<minor>; None: no device node (a fake GPU, or NVML names none)
 
     def device_ids(self) -> list[str]:
         return [f"{self.uuid}{ID_SEPARATOR}{n}" for n in range(self.memory_units)]
@@ -150,18 +150,18 @@ def nvml_gpus(unit: str) -> list[Gpu]:
 
     try:
         pynvml.nvmlInit()
+        log.info("NVML %s, driver %s", _text(pynvml.nvmlSystemGetNVMLVersion()),
+                 _text(pynvml.nvmlSystemGetDriverVersion()))
         gpus = []
         for index in range(pynvml.nvmlDeviceGetCount()):
             handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-            memory = pynvml.nvmlDeviceGetMemoryInfo(handle).total
-            gpus.append(
-                Gpu(
-                    index=index,
-                    uuid=_text(pynvml.nvmlDeviceGetUUID(handle)),
-                    memory_units=units_of_bytes(int(memory), unit),
-                    minor=int(pynvml.nvmlDeviceGetMinorNumber(handle)),
-                )
-            )
+            memory = int(pynvml.nvmlDeviceGetMemoryInfo(handle).total)
+            gpu = Gpu(index=index, uuid=_text(pynvml.nvmlDeviceGetUUID(handle)),
+                      memory_units=units_of_bytes(memory, unit), minor=_minor(pynvml, handle))
+            log.info("GPU %s: %s (%s), %s MiB, device node %s", index, gpu.uuid,
+                     _text(pynvml.nvmlDeviceGetName(handle)), memory >> 20,
+                     "none" if gpu.minor is None else f"/dev/nvidia{gpu.minor}")
+            gpus.append(gpu)
     except pynvml.NVMLError as exc:
         raise InventoryError(
             f"NVML could not list this node's GPUs ({exc}); run the plugin with the NVIDIA runtime and driver, "
@@ -172,18 +172,35 @@ def nvml_gpus(unit: str) -> list[Gpu]:
     return gpus
 
 
+def _minor(pynvml: Any, handle: Any) -> int | None:
+    # nvml.h: nvmlDeviceGetMinorNumber may answer NOT_SUPPORTED (a GPU without a /dev/nvidiaN node of its own).
+    try:
+        return int(pynvml.nvmlDeviceGetMinorNumber(handle))
+    except pynvml.NVMLError_NotSupported:
+        return None
+
+
 def load_inventory(fake_spec: str, node_name: str, unit: str, max_devices: int) -> Inventory:
     if fake_spec:
         return Inventory(fake_gpus(fake_spec, node_name, unit), unit, max_devices)
     return Inventory(nvml_gpus(unit), unit, max_devices, real=True)
 
 
-class XidWatcher:
-    """Marks a GPU unhealthy in the inventory when NVML reports a critical XID for it."""
+# What the NVIDIA device plugin registers for health (internal/rm/health.go); only XID critical errors change it.
+_HEALTH_EVENTS = ("nvmlEventTypeXidCriticalError", "nvmlEventTypeDoubleBitEccError", "nvmlEventTypeSingleBitEccError")
+_WAIT_MS = 1000  # how long one event-set wait lasts: also how soon stop() is noticed
 
-    def __init__(self, inventory: Inventory, on_event: Callable[[Gpu, int], None] | None = None) -> None:
+
+class XidWatcher:
+    """Marks a GPU Unhealthy when NVML reports a critical XID for it, as the NVIDIA device plugin does
+    (internal/rm/health.go): application XIDs are ignored; a GPU whose events cannot be registered, and every GPU
+    after a failed wait, are marked Unhealthy. Health comes back only with a plugin restart, as there."""
+
+    def __init__(self, inventory: Inventory, on_event: Callable[[Gpu, int], None] | None = None,
+                 retry_seconds: float = 5.0) -> None:
         self.inventory = inventory
         self.on_event = on_event
+        self.retry_seconds = retry_seconds
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="xid-watcher", daemon=True)
 
@@ -194,32 +211,70 @@ class XidWatcher:
         self._stop.set()
         self._thread.join(timeout=5)
 
+    def _all_unhealthy(self, why: str) -> None:
+        log.error("%s; marking every GPU's units Unhealthy", why)
+        for gpu in self.inventory.gpus:
+            self.inventory.set_health(gpu.index, False)
+
     def _run(self) -> None:
         import pynvml
 
-        by_uuid = {g.uuid: g for g in self.inventory.gpus}
         try:
             event_set = pynvml.nvmlEventSetCreate()
-            for gpu in self.inventory.gpus:
-                handle = pynvml.nvmlDeviceGetHandleByIndex(gpu.index)
-                pynvml.nvmlDeviceRegisterEvents(handle, pynvml.nvmlEventTypeXidCriticalError, event_set)
         except pynvml.NVMLError as exc:
-            log.warning("NVML cannot report XID events (%s); GPU health will not be watched", exc)
+            self._all_unhealthy(f"NVML could not create an event set for XID errors ({exc})")
             return
-        while not self._stop.is_set():
+        try:
+            self._register(pynvml, event_set)
+            by_uuid = {g.uuid: g for g in self.inventory.gpus}
+            while not self._stop.is_set():
+                self._wait_once(pynvml, event_set, by_uuid)
+        finally:
             try:
-                data = pynvml.nvmlEventSetWait_v2(event_set, 1000)
-            except pynvml.NVMLError_Timeout:
-                continue
+                pynvml.nvmlEventSetFree(event_set)
             except pynvml.NVMLError as exc:
-                log.warning("waiting for NVML events failed (%s); GPU health will not be watched any more", exc)
-                break
-            xid = int(data.eventData)
-            hit = by_uuid.get(_text(pynvml.nvmlDeviceGetUUID(data.device)))
-            if hit is None or xid in APPLICATION_XIDS:
-                continue
-            log.error("GPU %s (%s) reported critical XID %s; marking its units Unhealthy", hit.index, hit.uuid, xid)
-            self.inventory.set_health(hit.index, False)
-            if self.on_event is not None:
-                self.on_event(hit, xid)
-        pynvml.nvmlEventSetFree(event_set)
+                log.info("freeing the NVML event set failed: %s", exc)
+
+    def _register(self, pynvml: Any, event_set: Any) -> None:
+        wanted = 0
+        for name in _HEALTH_EVENTS:
+            wanted |= int(getattr(pynvml, name))
+        for gpu in self.inventory.gpus:
+            try:
+                handle = pynvml.nvmlDeviceGetHandleByIndex(gpu.index)
+                supported = int(pynvml.nvmlDeviceGetSupportedEventTypes(handle))
+                pynvml.nvmlDeviceRegisterEvents(handle, wanted & supported, event_set)
+            except pynvml.NVMLError_NotSupported:
+                # The NVIDIA plugin marks such a GPU Unhealthy for good; a GPU too old for events still works.
+                log.warning("GPU %s (%s) cannot report XID events; its health is not watched", gpu.index, gpu.uuid)
+            except pynvml.NVMLError as exc:
+                log.error("GPU %s (%s): NVML refused to watch its XID events (%s); marking its units Unhealthy",
+                          gpu.index, gpu.uuid, exc)
+                self.inventory.set_health(gpu.index, False)
+
+    def _wait_once(self, pynvml: Any, event_set: Any, by_uuid: dict[str, Gpu]) -> None:
+        try:
+            data = pynvml.nvmlEventSetWait_v2(event_set, _WAIT_MS)
+        except pynvml.NVMLError_Timeout:
+            return
+        except pynvml.NVMLError as exc:
+            self._all_unhealthy(f"waiting for NVML events failed ({exc})")
+            self._stop.wait(self.retry_seconds)
+            return
+        xid = int(data.eventData)
+        if int(data.eventType) != int(pynvml.nvmlEventTypeXidCriticalError) or xid in APPLICATION_XIDS:
+            log.info("NVML event of type %#x (data %s) does not change GPU health", int(data.eventType), xid)
+            return
+        try:
+            uuid_text = _text(pynvml.nvmlDeviceGetUUID(data.device))
+        except pynvml.NVMLError as exc:
+            self._all_unhealthy(f"XID {xid} came from a GPU whose UUID NVML cannot tell ({exc})")
+            return
+        hit = by_uuid.get(uuid_text)
+        if hit is None:
+            log.info("XID %s on GPU %s, which this plugin does not serve; ignored", xid, uuid_text)
+            return
+        log.error("GPU %s (%s) reported critical XID %s; marking its units Unhealthy", hit.index, hit.uuid, xid)
+        self.inventory.set_health(hit.index, False)
+        if self.on_event is not None:
+            self.on_event(hit, xid)

@@ -25,18 +25,30 @@ class NVMLErrorTimeout(NVMLError):
     pass
 
 
+class NVMLErrorNotSupported(NVMLError):
+    pass
+
+
 @dataclass
 class Memory:
     total: int
 
 
+XID, DBE = 8, 2
+
+
 @dataclass
 class Event:
     device: int
-    eventData: int  # pynvml's field name
+    eventData: int  # pynvml's field names
+    eventType: int = XID
 
 
-def fake_pynvml(memories: list[int], events: queue.Queue[Event], fail_init: bool = False) -> types.ModuleType:
+def fake_pynvml(
+    memories: list[int], events: queue.Queue[Event | NVMLError], fail_init: bool = False,
+    no_minor: frozenset[int] = frozenset(), refuse_events: frozenset[int] = frozenset(),
+) -> types.ModuleType:
+    """The calls the inventory and the watcher make; `events` holds what the next waits return or raise."""
     module = types.ModuleType("pynvml")
 
     def init() -> None:
@@ -45,22 +57,41 @@ def fake_pynvml(memories: list[int], events: queue.Queue[Event], fail_init: bool
 
     def wait(event_set: object, timeout_ms: int) -> Event:
         try:
-            return events.get(timeout=timeout_ms / 1000)
+            item = events.get(timeout=timeout_ms / 1000)
         except queue.Empty:
             raise NVMLErrorTimeout("Timeout") from None
+        if isinstance(item, NVMLError):
+            raise item
+        return item
+
+    def minor(h: int) -> int:
+        if h in no_minor:
+            raise NVMLErrorNotSupported("Not Supported")
+        return h + 4
+
+    def register(h: int, kinds: int, event_set: object) -> None:
+        if h in refuse_events:
+            raise NVMLError("Unknown Error")
 
     functions: dict[str, object] = {
         "NVMLError": NVMLError,
         "NVMLError_Timeout": NVMLErrorTimeout,
-        "nvmlEventTypeXidCriticalError": 8,
+        "NVMLError_NotSupported": NVMLErrorNotSupported,
+        "nvmlEventTypeXidCriticalError": XID,
+        "nvmlEventTypeDoubleBitEccError": DBE,
+        "nvmlEventTypeSingleBitEccError": 1,
         "nvmlInit": init,
+        "nvmlSystemGetNVMLVersion": lambda: b"12.550.127.05",
+        "nvmlSystemGetDriverVersion": lambda: "550.127.05",
+        "nvmlDeviceGetName": lambda h: "NVIDIA H200",
         "nvmlDeviceGetCount": lambda: len(memories),
         "nvmlDeviceGetHandleByIndex": lambda i: i,
         "nvmlDeviceGetMemoryInfo": lambda h: Memory(memories[h]),
         "nvmlDeviceGetUUID": lambda h: f"GPU-0000000{h}-aaaa-bbbb-cccc-dddddddddddd".encode(),
-        "nvmlDeviceGetMinorNumber": lambda h: h + 4,
+        "nvmlDeviceGetMinorNumber": minor,
         "nvmlEventSetCreate": object,
-        "nvmlDeviceRegisterEvents": lambda h, kinds, s: None,
+        "nvmlDeviceGetSupportedEventTypes": lambda h: 0x1F,
+        "nvmlDeviceRegisterEvents": register,
         "nvmlEventSetWait_v2": wait,
         "nvmlEventSetFree": lambda s: None,
     }
@@ -70,14 +101,14 @@ def fake_pynvml(memories: list[int], events: queue.Queue[Event], fail_init: bool
 
 
 @pytest.fixture
-def events(monkeypatch: pytest.MonkeyPatch) -> Iterator[queue.Queue[Event]]:
-    pending: queue.Queue[Event] = queue.Queue()
+def events(monkeypatch: pytest.MonkeyPatch) -> Iterator[queue.Queue[Event | NVMLError]]:
+    pending: queue.Queue[Event | NVMLError] = queue.Queue()
     # An H200 reports 143771 MiB: 140 whole GiB.
     monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml([143771 * 2**20, 80 * GiB], pending))
     yield pending
 
 
-def test_nvml_inventory(events: queue.Queue[Event]) -> None:
+def test_nvml_inventory(events: queue.Queue[Event | NVMLError]) -> None:
     inventory = load_inventory("", "node-a", "GiB", 4096)
     assert inventory.real
     assert [(g.index, g.memory_units, g.minor) for g in inventory.gpus] == [(0, 140, 4), (1, 80, 5)]
@@ -98,7 +129,7 @@ def test_no_gpu_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
         load_inventory("", "node-a", "GiB", 4096)
 
 
-def test_critical_xid_marks_the_gpu_unhealthy(events: queue.Queue[Event]) -> None:
+def test_critical_xid_marks_the_gpu_unhealthy(events: queue.Queue[Event | NVMLError]) -> None:
     inventory: Inventory = load_inventory("", "node-a", "GiB", 4096)
     seen: list[tuple[int, int]] = []
     done = threading.Event()
@@ -111,9 +142,46 @@ def test_critical_xid_marks_the_gpu_unhealthy(events: queue.Queue[Event]) -> Non
     watcher.start()
     try:
         events.put(Event(device=0, eventData=13))  # an application error: the GPU is fine
+        events.put(Event(device=0, eventData=0, eventType=DBE))  # registered as the NVIDIA plugin does; no change
         events.put(Event(device=1, eventData=79))  # fallen off the bus
         assert done.wait(10)
     finally:
         watcher.stop()
     assert seen == [(1, 79)]
     assert inventory.healthy(0) and not inventory.healthy(1)
+
+
+def test_a_gpu_without_device_node_has_no_minor(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml([GiB, GiB], queue.Queue(), no_minor=frozenset({1})))
+    inventory = load_inventory("", "node-a", "GiB", 4096)
+    assert [g.minor for g in inventory.gpus] == [4, None]
+
+
+def watch_until(inventory: Inventory, unhealthy: set[int]) -> None:
+    watcher = XidWatcher(inventory, retry_seconds=0.05)
+    watcher.start()
+    try:
+        version = 0
+        while {g.index for g in inventory.gpus if not inventory.healthy(g.index)} != unhealthy:
+            changed = inventory.wait_change(version, 10)
+            assert changed != version, f"health never became {unhealthy}"
+            version = changed
+    finally:
+        watcher.stop()
+
+
+@pytest.mark.parametrize(
+    ("refuse_events", "failure", "unhealthy"),
+    [
+        (frozenset({1}), None, {1}),  # NVML refuses to watch GPU 1: it cannot be trusted
+        (frozenset(), NVMLError("GPU is lost"), {0, 1}),  # a failed wait: every GPU, as the NVIDIA plugin does
+    ],
+)
+def test_what_nvml_cannot_watch_is_unhealthy(monkeypatch: pytest.MonkeyPatch, refuse_events: frozenset[int],
+                                              failure: NVMLError | None, unhealthy: set[int]) -> None:
+    pending: queue.Queue[Event | NVMLError] = queue.Queue()
+    if failure is not None:
+        pending.put(failure)
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml([GiB, GiB], pending, refuse_events=refuse_events))
+    inventory = load_inventory("", "node-a", "GiB", 4096)
+    watch_until(inventory, unhealthy)

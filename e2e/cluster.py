@@ -18,7 +18,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from e2e import control, gpushare, node, procs
+from deviceplugin.inventory import fake_gpus
+from e2e import control, fakenvml, gpushare, node, procs
 from e2e import settings as ports
 from e2e.certmanager import CertManager
 from e2e.kube import Kubectl
@@ -60,6 +61,11 @@ class Cluster:
 
     def log(self, name: str) -> Path:
         return self.procs.logs / f"{name}.log"
+
+    @property
+    def nvml_events(self) -> Path:
+        """The file the plugin's (fake) NVML library reads XID events from: see fakenvml.inject_xid."""
+        return self.run / "nvml-events"
 
     # -- up -------------------------------------------------------------------------------------------
 
@@ -191,7 +197,7 @@ class Cluster:
         verify = gpushare.secret_files(self.kubectl(), "configmap", "gpushare-verify-key",
                                        self.run / "plugin" / "verify")
         overrides = {
-            "GPUSHARE_NODE_NAME": self.settings.node_name, "GPUSHARE_FAKE_GPUS": self.settings.fake_gpus,
+            "GPUSHARE_NODE_NAME": self.settings.node_name, "GPUSHARE_FAKE_GPUS": "",  # read the GPUs from NVML
             "GPUSHARE_KUBECONFIG": str(self.conf / "plugin.kubeconfig"),
             "GPUSHARE_VERIFY_KEY": str(verify["signing.pub"]), "GPUSHARE_DELIVERY": self.delivery,
             "GPUSHARE_FAKE_GPU_DIR": str(node.RUN_ROOT / "fake-gpus"),
@@ -200,7 +206,18 @@ class Cluster:
         env = gpushare.workload_env(self.docs, "DaemonSet", overrides)
         for name in ("NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES"):
             env.pop(name, None)
-        return {**_base_env(), **env}
+        return {**_base_env(), **env, **self.nvml_env()}
+
+    def nvml_env(self) -> dict[str, str]:
+        """The fake libnvidia-ml.so.1 in place of the real one, serving GPUSHARE_E2E_FAKE_GPUS with the UUIDs the
+        tests expect (fake_gpus) and no device nodes (the CDI spec then mounts a file naming the GPU)."""
+        s = self.settings
+        gpus = fakenvml.gpu_list((g.memory_units, g.uuid, None) for g in fake_gpus(s.fake_gpus, s.node_name, "MiB"))
+        try:
+            library = fakenvml.build(s.cache_dir / "fakenvml")
+        except fakenvml.BuildError as exc:
+            raise procs.StartError(str(exc)) from exc
+        return fakenvml.environment(library, gpus, self.nvml_events)
 
     def start_plugin(self) -> None:
         log = self.log("device-plugin")

@@ -16,6 +16,7 @@ pytestmark = pytest.mark.timeout(600)  # the first go-nvml probe build compiles 
 UUID_RE = re.compile(r"^GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 GIVEN = "GPU-4f1c2a9e-7d3b-4c8a-9e21-0b5d6f7a8c9d"
 MiB = 2**20
+GiB = 2**30
 
 READ_GPUS = """
 import json, pynvml
@@ -83,11 +84,20 @@ class MemoryV2(ctypes.Structure):
     _fields_ = [("version", ctypes.c_uint)] + [(n, ctypes.c_ulonglong) for n in ("total", "reserved", "free", "used")]
 memory = MemoryV2(version=1)
 out["memory_v2_wrong_version"] = lib.nvmlDeviceGetMemoryInfo_v2(handle, ctypes.byref(memory))
+v1 = (ctypes.c_ulonglong * 3)()
+lib.nvmlDeviceGetMemoryInfo(handle, v1)
+memory.version = ctypes.sizeof(MemoryV2) | 2 << 24
+lib.nvmlDeviceGetMemoryInfo_v2(handle, ctypes.byref(memory))
+out["memory"] = [list(v1), [memory.total, memory.reserved, memory.free, memory.used]]
 out["unknown_uuid"] = lib.nvmlDeviceGetHandleByUUID(b"GPU-00000000-0000-0000-0000-000000000000", ctypes.byref(handle))
-out["register_without_set"] = lib.nvmlDeviceRegisterEvents(handle, ctypes.c_ulonglong(1 << 40), None)
+out["register_without_set"] = lib.nvmlDeviceRegisterEvents(handle, ctypes.c_ulonglong(8), None)
+event_set = ctypes.c_void_p()
+lib.nvmlEventSetCreate(ctypes.byref(event_set))
+out["register_unsupported"] = lib.nvmlDeviceRegisterEvents(handle, ctypes.c_ulonglong(1 << 40), event_set)
+out["wait_without_data"] = lib.nvmlEventSetWait_v2(event_set, None, 10)
 out["shutdowns"] = [lib.nvmlShutdown(), lib.nvmlShutdown(), lib.nvmlShutdown()]
 out["count_after_shutdown"] = lib.nvmlDeviceGetCount_v2(ctypes.byref(count))
-out["strings"] = [lib.nvmlErrorString(c).decode() for c in (0, 1, 2, 3, 7, 9, 10, 999)]
+out["strings"] = [lib.nvmlErrorString(c).decode() for c in (0, 1, 2, 3, 4, 7, 9, 10, 13, 999)]
 print(json.dumps(out))
 """
 
@@ -96,10 +106,13 @@ def test_errors_are_the_real_librarys() -> None:
     out = run_python(ERRORS, env_for("2x1024"))
     assert out == {
         "count_before_init": 1, "init": 0, "init_again": 0, "count": [0, 2], "count_null": 2, "bad_index": 2,
-        "bad_handle": 2, "short_buffer": 7, "memory_v2_wrong_version": 25, "unknown_uuid": 6,
-        "register_without_set": 2, "shutdowns": [0, 0, 1], "count_after_shutdown": 1,
-        "strings": ["Success", "Uninitialized", "Invalid Argument", "Not Supported", "Insufficient Size",
-                    "Driver Not Loaded", "Timeout", "Unknown Error"],
+        "bad_handle": 2, "short_buffer": 7, "memory_v2_wrong_version": 13, "unknown_uuid": 6,
+        "register_without_set": 2, "register_unsupported": 3, "wait_without_data": 2, "shutdowns": [0, 0, 1],
+        "count_after_shutdown": 1,
+        # As an H200 reports: v1 counts the driver's reservation as used, v2 apart.
+        "memory": [[GiB, GiB - GiB // 234, GiB // 234], [GiB, GiB // 234, GiB - GiB // 234, 0]],
+        "strings": ["Success", "Uninitialized", "Invalid Argument", "Not Supported", "Insufficient Permissions",
+                    "Insufficient Size", "Driver Not Loaded", "Timeout", "Function Not Found", "Unknown Error"],
     }
 
 
@@ -153,7 +166,7 @@ print(json.dumps(out))
 def test_an_event_set_sees_the_xids_of_its_gpus_after_it_exists(tmp_path: Path) -> None:
     code = f"import sys; sys.argv = ['x', {str(tmp_path / 'events')!r}]; sys.path.insert(0, {str(Path.cwd())!r})\n"
     out = run_python(code + EVENTS, env_for("2x1024", tmp_path / "events"))
-    assert out == {"supported": 0x1F, "quiet": "timeout", "event": [True, 8, 48, 0xFFFFFFFF, 0xFFFFFFFF],
+    assert out == {"supported": 0xFF9F, "quiet": "timeout", "event": [True, 8, 48, 0xFFFFFFFF, 0xFFFFFFFF],
                    "after": "timeout"}
 
 

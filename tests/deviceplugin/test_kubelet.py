@@ -51,8 +51,9 @@ def test_list_and_watch_sends_the_full_list_again_on_health_change(rig: Rig) -> 
 
 def test_registers_again_after_the_kubelet_restarts(rig: Rig) -> None:
     rig.kubelet.wait_registrations(1)
+    # The restart removes every plugin socket (the plugin may serve a new one before the next line runs): the
+    # plugin registers again, serving on a socket that exists.
     rig.kubelet.restart()
-    assert not os.path.exists(rig.plugin.settings.socket_path)
     registrations = rig.kubelet.wait_registrations(2)
     assert len(registrations) >= 2 and registrations[-1].plugin_was_serving
     assert os.path.exists(rig.plugin.settings.socket_path)

@@ -170,3 +170,15 @@ def test_a_metrics_port_in_use_stops_the_start_with_the_variable_named(
         with pytest.raises(SettingsError, match=f"GPUSHARE_METRICS_BIND=127.0.0.1:{port} cannot be listened on"):
             plugin.start()
         plugin.stop()
+
+
+def test_a_failed_registration_is_counted(tmp_path: Path) -> None:
+    settings = plugin_settings(str(tmp_path))  # no kubelet: its socket does not exist
+    plugin = Plugin(settings, api=FakeApiServer(), public_key=Ed25519PrivateKey.generate().public_key())
+    plugin.start()
+    try:
+        registry = plugin.metrics.registry
+        assert registry.get_sample_value("gpushare_deviceplugin_registrations_total", {"outcome": "failed"}) == 1
+        assert registry.get_sample_value("gpushare_deviceplugin_registrations_total", {"outcome": "ok"}) == 0
+    finally:
+        plugin.stop()

@@ -278,3 +278,16 @@ def test_metrics_can_be_turned_off(tmp_path: Path) -> None:
         assert "Serving Prometheus metrics" not in hook.log_text()
         with pytest.raises(OSError):
             hook.scrape(timeout=2)
+
+
+def test_a_review_the_webhook_cannot_answer_counts_as_an_error(tmp_path: Path) -> None:
+    settings = settings_from({"GPUSHARE_SIGNING_KEY": str(tmp_path / "missing.key")})
+    metrics = WebhookMetrics()
+    with create_app(settings, metrics=metrics).test_client() as client:
+        doc = review("CREATE", pod(container("a", 2)), uid="e-1")
+        assert client.post("/mutate", data=json.dumps(doc), content_type="application/json").status_code == 200
+    from prometheus_client import generate_latest
+
+    s = samples(generate_latest(metrics.registry).decode())
+    assert value(s, "gpushare_webhook_reviews_total", endpoint="mutate", operation="CREATE", outcome="error") == 1
+    assert value(s, "gpushare_webhook_review_duration_seconds_count", endpoint="mutate") == 1

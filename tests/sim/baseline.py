@@ -1,13 +1,9 @@
 """The reference plugin's Allocate algorithm, for the simulation only: it guesses the pod, and that is the bug.
 
-Modelled on AliyunContainerService/gpushare-device-plugin (pkg/gpu/nvidia/allocate.go, podmanager.go,
-podutils.go): under one lock, Allocate sums the requested device IDs, lists this node's *Pending* pods,
-keeps the "assumed" ones (a GPU-mem limit, an ALIYUN_COM_GPU_MEM_IDX annotation and ASSIGNED="false"),
-sorts them by ALIYUN_COM_GPU_MEM_ASSUME_TIME and takes the first whose app containers' limits add up to the
-request. Found: every container gets NVIDIA_VISIBLE_DEVICES=<that pod's GPU UUID> and the
-ALIYUN_COM_GPU_MEM_* envs, and that pod is patched ASSIGNED="true". Not found on a one-GPU node: GPU 0.
-Otherwise a *successful* response with NVIDIA_VISIBLE_DEVICES=no-gpu-has-<N><unit>-to-run.
-No PreStartContainer; re-registers when the kubelet socket is recreated (the reference uses fsnotify).
+The decision is e2e.refalloc's (shared with the reference-algorithm plugin of the real-cluster tier, which cites
+AliyunContainerService/gpushare-device-plugin's allocate.go, podmanager.go and podutils.go); this module is the
+simulated node's transport for it. No PreStartContainer; re-registers when the kubelet socket is recreated (the
+reference uses fsnotify).
 """
 
 from __future__ import annotations
@@ -25,38 +21,13 @@ import grpc
 from deviceplugin.api import deviceplugin_pb2 as dp
 from deviceplugin.api import deviceplugin_pb2_grpc
 from deviceplugin.inventory import Gpu
-from tests.sim.ports import ApiError, Pod, PodApi
-from webhook.protocol import ASSIGNED, ASSUME_TIME, DEFAULT_RESOURCE, IDX, ProtocolError, container_units
+from e2e.refalloc import Decision, app_units, assigned_patch, candidates, container_envs, decide, no_gpu
+from tests.sim.ports import ApiError, PodApi
+from webhook.protocol import DEFAULT_RESOURCE
+
+__all__ = ["BaselinePlugin", "app_units", "candidates"]
 
 log = logging.getLogger(__name__)
-
-
-def _int(value: object, default: int) -> int:
-    try:
-        return int(str(value))
-    except ValueError:
-        return default
-
-
-def app_units(pod: Pod, resource: str) -> int:
-    """getGPUMemoryFromPodResource: the sum over *app* containers' limits (init containers are ignored)."""
-    total = 0
-    for container in (pod.get("spec") or {}).get("containers") or []:
-        with contextlib.suppress(ProtocolError):
-            total += container_units(container, resource, "container")
-    return total
-
-
-def assumed(pod: Pod, resource: str) -> bool:
-    """isGPUMemoryAssumedPod."""
-    annotations = (pod.get("metadata") or {}).get("annotations") or {}
-    return app_units(pod, resource) > 0 and IDX in annotations and annotations.get(ASSIGNED) == "false"
-
-
-def candidates(pods: Sequence[Pod], resource: str) -> list[Pod]:
-    """getCandidatePods: pending assumed pods, oldest ASSUME_TIME first (a stable sort, as Go's sort.Sort is not)."""
-    pending = [p for p in pods if (p.get("status") or {}).get("phase", "Pending") == "Pending" and assumed(p, resource)]
-    return sorted(pending, key=lambda p: _int(((p.get("metadata") or {}).get("annotations") or {}).get(ASSUME_TIME), 0))
 
 
 class BaselinePlugin(deviceplugin_pb2_grpc.DevicePluginServicer):
@@ -137,54 +108,35 @@ class BaselinePlugin(deviceplugin_pb2_grpc.DevicePluginServicer):
                    ) -> dp.PreStartContainerResponse:
         return dp.PreStartContainerResponse()
 
-    def _error_response(self, request: dp.AllocateRequest, pod_units: int) -> dp.AllocateResponse:
-        return self._answer(request, f"no-gpu-has-{pod_units}{self.unit}-to-run", -1, pod_units)
-
-    def _response(self, request: dp.AllocateRequest, gpu: Gpu, pod_units: int) -> dp.AllocateResponse:
-        return self._answer(request, gpu.uuid, gpu.index, pod_units)
-
-    def _answer(self, request: dp.AllocateRequest, visible: str, index: int, pod_units: int) -> dp.AllocateResponse:
+    def _answer(self, request: dp.AllocateRequest, decision: Decision, pod_units: int) -> dp.AllocateResponse:
         out = dp.AllocateResponse()
         for req in request.container_requests:
-            out.container_responses.append(dp.ContainerAllocateResponse(envs={
-                "NVIDIA_VISIBLE_DEVICES": visible,
-                "ALIYUN_COM_GPU_MEM_IDX": str(index),
-                "ALIYUN_COM_GPU_MEM_POD": str(pod_units),
-                "ALIYUN_COM_GPU_MEM_CONTAINER": str(len(req.devices_ids)),
-                "ALIYUN_COM_GPU_MEM_DEV": str(self.gpus[0].memory_units),
-            }))
+            envs = container_envs(decision, pod_units, len(req.devices_ids), self.gpus[0].memory_units)
+            out.container_responses.append(dp.ContainerAllocateResponse(envs=envs))
         return out
 
     def Allocate(self, request: dp.AllocateRequest, context: grpc.ServicerContext) -> dp.AllocateResponse:
-        response = self._decide(request)
+        pod_units = sum(len(r.devices_ids) for r in request.container_requests)
+        response = self._answer(request, self._decide(pod_units), pod_units)
         self.responses.extend(response.container_responses)
         return response
 
-    def _decide(self, request: dp.AllocateRequest) -> dp.AllocateResponse:
-        pod_units = sum(len(r.devices_ids) for r in request.container_requests)
+    def _decide(self, pod_units: int) -> Decision:
         with self._alloc_lock:
             try:
                 pods, _ = self.api.list_pods(node=self.node)
-            except ApiError:
-                return self._error_response(request, pod_units)
-            chosen = next((p for p in candidates(pods, self.resource) if app_units(p, self.resource) == pod_units),
-                          None)
-            if chosen is None:
-                if len(self.gpus) == 1:
-                    return self._response(request, self.gpus[0], pod_units)
-                log.info("baseline plugin on %s: no assumed pod requests %s %s", self.node, pod_units, self.unit)
-                return self._error_response(request, pod_units)
-            meta = chosen["metadata"]
-            gpu = next((g for g in self.gpus if g.index == _int(meta["annotations"].get(IDX), -1)), None)
-            if gpu is None:
-                return self._error_response(request, pod_units)
-            patch = {"metadata": {"annotations": {ASSIGNED: "true", ASSUME_TIME: str(time.time_ns())}}}
+            except ApiError as exc:
+                return no_gpu(pod_units, self.unit, f"listing pods failed: {exc}")
+            decision = decide(pods, self.node, pod_units, self.gpus, resource=self.resource, unit=self.unit)
+            if decision.pod is None:
+                if decision.made_up:
+                    log.info("baseline plugin on %s: %s", self.node, decision.why)
+                return decision
+            meta = decision.pod["metadata"]
             for _ in range(2):  # the reference retries once on an optimistic-lock error
                 try:
-                    self.api.patch_pod(meta["namespace"], meta["name"], patch)
-                    break
+                    self.api.patch_pod(meta["namespace"], meta["name"], assigned_patch(time.time_ns()))
+                    return decision
                 except ApiError:
                     continue
-            else:
-                return self._error_response(request, pod_units)
-            return self._response(request, gpu, pod_units)
+            return no_gpu(pod_units, self.unit, f"marking pod {meta['namespace']}/{meta['name']} assigned failed")

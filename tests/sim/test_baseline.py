@@ -31,12 +31,12 @@ GPUS = tuple(fake_gpus("2x8GiB", "node-a", "GiB"))
 
 
 def pod(name: str, units: list[int], *, phase: str = "Pending", assume: int | None = 1, assigned: str = "false",
-        idx: str = "0", inits: list[int] | None = None) -> Pod:
+        idx: str = "0", inits: list[int] | None = None, node: str = "node-a") -> Pod:
     annotations = {"ALIYUN_COM_GPU_MEM_IDX": idx, "ALIYUN_COM_GPU_MEM_ASSIGNED": assigned,
                    "ALIYUN_COM_GPU_MEM_POD": str(sum(units)), "ALIYUN_COM_GPU_MEM_DEV": "8"}
     if assume is not None:
         annotations["ALIYUN_COM_GPU_MEM_ASSUME_TIME"] = str(assume)
-    spec: dict[str, Any] = {"containers": [
+    spec: dict[str, Any] = {"nodeName": node, "containers": [
         {"name": f"c{i}", "image": "img", "resources": {"limits": {RESOURCE: str(u)}}} for i, u in enumerate(units)]}
     if inits:
         spec["initContainers"] = [{"name": f"i{i}", "image": "img", "resources": {"limits": {RESOURCE: str(u)}}}
@@ -51,10 +51,12 @@ def pod(name: str, units: list[int], *, phase: str = "Pending", assume: int | No
     ([pod("a", [2], assigned="true"), pod("b", [2])], ["b"]),
     ([pod("a", [0]), pod("b", [2])], ["b"]),
     ([{**pod("a", [2]), "metadata": {"name": "a", "annotations": {}}}], []),
-    ([pod("a", [2], assume=None), pod("b", [2], assume=1)], ["a", "b"]),
+    # isGPUMemoryAssumedPod requires the ASSUME_TIME annotation; getPendingPodsInNode skips other nodes' pods.
+    ([pod("a", [2], assume=None), pod("b", [2], assume=1)], ["b"]),
+    ([pod("a", [2], node="node-b"), pod("b", [2])], ["b"]),
 ])
 def test_candidates_are_pending_assumed_pods_oldest_first(pods: list[Pod], expected: list[str]) -> None:
-    assert [p["metadata"]["name"] for p in candidates(pods, RESOURCE)] == expected
+    assert [p["metadata"]["name"] for p in candidates(pods, "node-a", RESOURCE)] == expected
 
 
 @pytest.mark.parametrize(("shape", "inits", "units"), [([2], None, 2), ([1, 3], None, 4), ([2], [6], 2)])
@@ -76,7 +78,8 @@ class Node:
         assert self.kubelet.wait_registered(5)
 
     def create_bound(self, body: Pod) -> None:
-        body = {**body, "status": {"phase": "Pending"}}
+        spec = {k: v for k, v in body["spec"].items() if k != "nodeName"}  # the bind below sets it
+        body = {**body, "spec": spec, "status": {"phase": "Pending"}}
         self.user.create_pod("default", body)
         self.user.bind("default", body["metadata"]["name"], "node-a")
 

@@ -59,6 +59,11 @@ class Cluster:
     def has(self, kind: str, name: str, namespace: str) -> bool:
         return self.kubectl().run(["get", kind, name, "-n", namespace], timeout=10)[0] == 0
 
+    @property
+    def audit_log(self) -> Path:
+        """The API server's audit log: the scheduler extender's writes (e2e.control.audit_policy)."""
+        return self.procs.logs / "audit.log"
+
     def log(self, name: str) -> Path:
         return self.procs.logs / f"{name}.log"
 
@@ -105,7 +110,8 @@ class Cluster:
         self.procs.start("etcd", control.etcd(s, tc.kube("etcd"), self.run / "etcd"))
         etcd_health = f"http://127.0.0.1:{s.port(ports.ETCD)}/health"
         self.procs.wait_ready("etcd", lambda: _http_ok(etcd_health), 60, "answering /health")
-        self.procs.start("kube-apiserver", control.apiserver(s, tc.kube("kube-apiserver"), self.pki_dir))
+        audit = (control.audit_policy(self.conf / "audit-policy.yaml"), self.audit_log)
+        self.procs.start("kube-apiserver", control.apiserver(s, tc.kube("kube-apiserver"), self.pki_dir, audit))
         kubectl = self.kubectl()
         self.procs.wait_ready("kube-apiserver", lambda: kubectl.run(["get", "--raw", "/readyz"], timeout=5)[0] == 0,
                               120, "answering /readyz")

@@ -3,13 +3,18 @@ and kube-scheduler with the gpushare extender configured as a real scheduler ext
 
 from __future__ import annotations
 
+import urllib.parse
 from pathlib import Path
+
+import yaml
 
 from e2e import settings as ports
 from e2e.settings import E2eSettings
 
 SERVICE_RANGE = "198.51.100.0/24"  # TEST-NET-2: never routed, and nothing here sends to it (no kube-proxy)
 RESOURCE = "aliyun.com/gpu-mem"
+EXTENDER_CONFIG = Path(__file__).resolve().parents[1] / "manifests" / "extender" / "scheduler-config.yaml"
+EXTENDER_USER = "system:serviceaccount:kube-system:gpushare-schd-extender"
 
 
 def etcd(settings: E2eSettings, binary: Path, data: Path) -> list[str]:
@@ -20,7 +25,8 @@ def etcd(settings: E2eSettings, binary: Path, data: Path) -> list[str]:
             "--initial-cluster", f"gpushare-e2e={peer}", "--log-level", "warn", "--quota-backend-bytes", "2147483648"]
 
 
-def apiserver(settings: E2eSettings, binary: Path, pki: Path) -> list[str]:
+def apiserver(settings: E2eSettings, binary: Path, pki: Path, audit: tuple[Path, Path]) -> list[str]:
+    """`audit`: (policy file, log file)."""
     return [
         str(binary),
         f"--etcd-servers=http://127.0.0.1:{settings.port(ports.ETCD)}",
@@ -41,6 +47,7 @@ def apiserver(settings: E2eSettings, binary: Path, pki: Path) -> list[str]:
         "--kubelet-preferred-address-types=Hostname",
         "--allow-privileged=true",
         "--endpoint-reconciler-type=none",
+        f"--audit-policy-file={audit[0]}", f"--audit-log-path={audit[1]}", "--audit-log-format=json",
         "--v=1",
     ]
 
@@ -59,24 +66,32 @@ def controller_manager(settings: E2eSettings, binary: Path, pki: Path, kubeconfi
 
 
 def scheduler_config(settings: E2eSettings, kubeconfig: Path, path: Path) -> Path:
-    """KubeSchedulerConfiguration v1 with the gpushare extender: filter and bind, owning the GPU-share resource."""
-    path.write_text(f"""apiVersion: kubescheduler.config.k8s.io/v1
-kind: KubeSchedulerConfiguration
-clientConnection:
-  kubeconfig: {kubeconfig}
-leaderElection:
-  leaderElect: false
-extenders:
-  - urlPrefix: http://127.0.0.1:{settings.port(ports.EXTENDER)}/gpushare-scheduler
-    filterVerb: filter
-    bindVerb: bind
-    enableHTTPS: false
-    nodeCacheCapable: true
-    httpTimeout: 10s
-    managedResources:
-      - name: {RESOURCE}
-        ignoredByScheduler: false
-    ignorable: false
+    """The users' KubeSchedulerConfiguration (manifests/extender/scheduler-config.yaml), pointed at this tier:
+    its kubeconfig, the extender stand-in's port, and no leader election (one scheduler)."""
+    config = yaml.safe_load(EXTENDER_CONFIG.read_text())
+    config["clientConnection"]["kubeconfig"] = str(kubeconfig)
+    config["leaderElection"] = {"leaderElect": False}
+    for extender in config["extenders"]:
+        url = urllib.parse.urlsplit(extender["urlPrefix"])
+        extender["urlPrefix"] = url._replace(netloc=f"127.0.0.1:{settings.port(ports.EXTENDER)}").geturl()
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+def audit_policy(path: Path) -> Path:
+    """Record the scheduler extender's writes (pods update/patch, bindings) with their request bodies, so the
+    compatibility test can list them with the answer they got; nothing else is recorded."""
+    path.write_text(f"""apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: ["RequestReceived"]
+rules:
+  - level: Request
+    users: ["{EXTENDER_USER}"]
+    verbs: ["create", "update", "patch"]
+    resources:
+      - group: ""
+        resources: ["pods", "pods/binding", "pods/status", "bindings"]
+  - level: None
 """)
     return path
 

@@ -24,48 +24,8 @@ HOST_RUN_KINDS = {"Deployment", "DaemonSet", "PodDisruptionBudget"}
 EXTENDER_SA = ("kube-system", "gpushare-schd-extender")
 PLUGIN_SA = (NAMESPACE, "gpushare-device-plugin")
 
-# The reference extender's own RBAC (its config/gpushare-schd-extender.yaml): read nodes and pods, update
-# pods (the annotations), bind, and record events.
-EXTENDER_RBAC = f"""apiVersion: v1
-kind: ServiceAccount
-metadata:
-  name: {EXTENDER_SA[1]}
-  namespace: {EXTENDER_SA[0]}
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRole
-metadata:
-  name: gpushare-schd-extender
-rules:
-  - apiGroups: [""]
-    resources: ["nodes"]
-    verbs: ["get", "list", "watch"]
-  - apiGroups: [""]
-    resources: ["events"]
-    verbs: ["create", "patch"]
-  - apiGroups: [""]
-    resources: ["pods"]
-    verbs: ["get", "list", "watch", "update", "patch"]
-  - apiGroups: [""]
-    resources: ["bindings", "pods/binding"]
-    verbs: ["create"]
-  - apiGroups: [""]
-    resources: ["configmaps"]
-    verbs: ["get", "list", "watch"]
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRoleBinding
-metadata:
-  name: gpushare-schd-extender
-roleRef:
-  apiGroup: rbac.authorization.k8s.io
-  kind: ClusterRole
-  name: gpushare-schd-extender
-subjects:
-  - kind: ServiceAccount
-    name: {EXTENDER_SA[1]}
-    namespace: {EXTENDER_SA[0]}
-"""
+# The scheduler extender's ServiceAccount and RBAC, as users apply them (see that file for where they come from).
+EXTENDER_RBAC = (REPO / "manifests" / "extender" / "rbac.yaml").read_text()
 
 
 def render(kubectl: Kubectl, overlay: str = "self-signed") -> list[dict[str, Any]]:

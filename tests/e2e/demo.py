@@ -1,0 +1,206 @@
+"""`./dev demo --real`: the bug report's scenario on the real-cluster tier's node, the reference algorithm beside ours.
+
+Builds (once, cached) and starts the tier like `./dev e2e`, under the tier's lock (/tmp/gpushare-e2e.lock, so it
+never runs beside another tier), then per run: the scenario with the reference stack (scheduler extender stand-in
++ the reference plugin's algorithm as a real device plugin, no admission control), with ours in env delivery, and
+with ours in cdi delivery; one side-by-side table per run. Tears everything down at the end, also on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import os
+import signal
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from types import FrameType
+from typing import IO
+
+from e2e import audit, toolchain
+from e2e.cluster import Cluster
+from e2e.control import EXTENDER_USER
+from e2e.kube import Kubectl
+from e2e.procs import StartError
+from e2e.refstack import Stacks
+from e2e.settings import from_environ
+from tests.e2e import bugreport
+from tests.e2e.bugreport import Outcome, Probe
+
+LOCK = Path("/tmp/gpushare-e2e.lock")
+STACKS = ("reference", "env", "cdi")
+HEADS = {"reference": "reference algorithm", "env": "gpushare, env", "cdi": "gpushare, cdi"}
+ROWS: tuple[tuple[str, Callable[[Outcome], object]], ...] = (
+    ("pods alive at the end", lambda o: o.pods),
+    ("pods started", lambda o: o.started),
+    ("started on the recorded GPU", lambda o: o.on_recorded_gpu),
+    ("made-up device ids (no-gpu-has-…)", lambda o: len(o.made_up)),
+    ("started on another pod's GPU", lambda o: len(o.wrong_gpu)),
+    ("over-committed GPUs", lambda o: len(o.over_committed)),
+    ("stuck pods", lambda o: len(o.stuck)),
+    ("first create to last start (s)", lambda o: "-" if o.seconds is None else f"{o.seconds:.0f}"),
+)
+
+
+@contextlib.contextmanager
+def tier_lock() -> Iterator[None]:
+    """Hold the tier's lock; when a `flock /tmp/gpushare-e2e.lock …` around this command holds it already (its
+    descriptor is inherited), run under that one instead of waiting for ourselves."""
+    with contextlib.suppress(OSError):
+        for fd in os.listdir("/proc/self/fd"):
+            with contextlib.suppress(OSError):
+                if os.readlink(f"/proc/self/fd/{fd}") == str(LOCK):
+                    yield
+                    return
+    handle: IO[str] = open(LOCK, "a")  # noqa: SIM115 - held for the whole run, closed below
+    try:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"Another real-cluster run holds {LOCK}; waiting for it to finish ...", flush=True)
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+    finally:
+        handle.close()
+
+
+@contextlib.contextmanager
+def scratch_namespace(cluster: Cluster, kubectl: Kubectl) -> Iterator[str]:
+    name = "demo-" + uuid.uuid4().hex[:8]
+    kubectl.ok(["create", "namespace", name])
+    cluster.procs.wait_ready("kube-controller-manager", lambda: cluster.has("serviceaccount", "default", name), 60,
+                             f"the default ServiceAccount of namespace {name}")
+    try:
+        yield name
+    finally:
+        kubectl.run(["delete", "namespace", name, "--wait=false"])
+        kubectl.run(["delete", "pods", "--all", "-n", name, "--grace-period=0", "--force"], timeout=60)
+        # The next stack starts on an empty node: wait (bounded) until this run's pods are gone.
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and kubectl.run(["get", "pods", "-n", name, "-o", "name"])[1].strip():
+            time.sleep(1)
+
+
+def table(outcomes: dict[str, Outcome]) -> str:
+    stacks = [s for s in STACKS if s in outcomes]
+    lines = [f"{'':<36}" + "".join(f"{HEADS[s]:>22}" for s in stacks)]
+    for label, value in ROWS:
+        lines.append(f"{label:<36}" + "".join(f"{value(outcomes[s])!s:>22}" for s in stacks))
+    for s in stacks:
+        o = outcomes[s]
+        for what, items in (("stuck", o.stuck), ("made-up device", o.made_up), ("on another pod's GPU", o.wrong_gpu)):
+            for item in items[:3]:
+                lines.append(f"  {HEADS[s]}: {what}: {item}")
+            if len(items) > 3:
+                lines.append(f"  {HEADS[s]}: {what}: … and {len(items) - 3} more")
+        if o.over_committed:
+            lines.append(f"  {HEADS[s]}: units received per over-committed GPU: {o.over_committed}")
+    return "\n".join(lines)
+
+
+def timing(outcomes: dict[str, Outcome]) -> list[str]:
+    """Our plugin's time against the reference algorithm's in the same run (the performance target: within 10%)."""
+    ref = outcomes.get("reference")
+    if ref is None or ref.seconds is None or ref.seconds <= 0:
+        return ["  no reference time to compare with in this run"]
+    out = []
+    for mode in ("env", "cdi"):
+        ours = outcomes.get(mode)
+        if ours is None or ours.seconds is None:
+            continue
+        change = (ours.seconds - ref.seconds) / ref.seconds * 100
+        verdict = "within 10%" if change <= 10 else "NOT within 10%"
+        out.append(f"  gpushare {mode}: {ours.seconds:.0f} s against {ref.seconds:.0f} s ({change:+.0f}%): {verdict}")
+    return out
+
+
+def run_once(cluster: Cluster, stacks: Stacks, order: Sequence[str],
+             probes: list[Probe] | None = None) -> dict[str, Outcome]:
+    """The scenario with every stack; with `probes`, also a two-container pod per stack (appended there)."""
+    kubectl = cluster.kubectl()
+    outcomes = {}
+    for stack in order:
+        if stack == "reference":
+            stacks.use_reference()
+        else:
+            stacks.use_ours(stack)
+        print(f"  {HEADS[stack]} ...", flush=True)
+        with scratch_namespace(cluster, kubectl) as namespace:
+            outcomes[stack] = bugreport.run(cluster, kubectl, namespace, stack)
+        if probes is not None:
+            with scratch_namespace(cluster, kubectl) as namespace:
+                probes.append(bugreport.two_containers(cluster, kubectl, namespace, stack))
+    return outcomes
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="./dev demo --real", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=3, help="how many times to run the three stacks (default 3)")
+    parser.add_argument("--stacks", default=",".join(STACKS),
+                        help="which stacks, in order, comma-separated (default reference,env,cdi)")
+    args = parser.parse_args(argv)
+    order = [s.strip() for s in args.stacks.split(",") if s.strip()]
+    unknown = [s for s in order if s not in STACKS]
+    if unknown or not order or args.runs < 1:
+        parser.error(f"--stacks takes some of {', '.join(STACKS)} and --runs at least 1 (got {args.stacks!r}, "
+                     f"{args.runs})")
+    missing = toolchain.check()
+    if missing:
+        print("The real-cluster demo cannot run on this machine: " + "; ".join(missing))
+        return 0
+
+    def on_term(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_term)
+    settings = from_environ()
+    with tier_lock():
+        cluster = Cluster(settings, toolchain.ensure(settings))
+        try:
+            print("Starting the real-cluster tier (upstream kube-apiserver, scheduler with the extender stand-in, "
+                  "kubelet, containerd) ...", flush=True)
+            cluster.up()
+            stacks = Stacks(cluster)
+            ours: set[str] = set()
+            print("The bug report's scenario: a ReplicaSet of 30 pods x 8 GiB on one node with 4 GPUs of 64 GiB, a "
+                  "10-second image pull,\n10 pods deleted while their image is pulled and replaced by the "
+                  "ReplicaSet controller.\n")
+            for n in range(1, args.runs + 1):
+                print(f"Run {n} of {args.runs}:", flush=True)
+                probes: list[Probe] | None = [] if n == 1 else None
+                outcomes = run_once(cluster, stacks, order, probes)
+                ours |= {o.namespace for s, o in outcomes.items() if s != "reference"}
+                print("\n" + table(outcomes))
+                print("Time from first create to last container start, ours against the reference algorithm:")
+                print("\n".join(timing(outcomes)) + "\n", flush=True)
+                for probe in probes or []:
+                    verdict = "on its recorded GPU" if probe.ok else "NOT on its recorded GPU"
+                    print(f"A pod with two GPU containers of 4 GiB, {HEADS[probe.stack]}: {verdict}: {probe.detail}")
+            # Only our runs: in the reference runs no gpushare admission is installed.
+            writes = [w for w in audit.read(cluster.audit_log, EXTENDER_USER)
+                      if w.judged_by_webhook and w.pod.split("/")[0] in ours]
+            refused = [w for w in writes if w.verdict != "allowed"]
+            print(f"The extender's annotation writes judged by the gpushare validating webhook: {len(writes)}, "
+                  f"refused: {len(refused)}.")
+            for write in refused:
+                print("  " + write.row())
+            print("In this tier no NVIDIA runtime hook runs: a container told no-gpu-has-… starts anyway (counted "
+                  "above as started, with a made-up device id); on a GPU node the hook refuses it.")
+        except (StartError, toolchain.ToolchainError, AssertionError) as exc:
+            print(f"The real-cluster demo stopped: {exc}", file=sys.stderr)
+            return 1
+        except KeyboardInterrupt:
+            print("Interrupted; tearing the tier down.", file=sys.stderr)
+            return 130
+        finally:
+            cluster.down()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

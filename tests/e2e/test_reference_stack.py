@@ -41,10 +41,16 @@ class Runs:
 
 
 @pytest.fixture(scope="module")
-def runs(cluster: Cluster) -> Iterator[Runs]:
-    made = Runs(cluster)
-    yield made
-    made.stacks.use_ours(cluster.delivery)  # leave the tier as the other tests expect it
+def shared(cluster: Cluster) -> Runs:
+    return Runs(cluster)
+
+
+@pytest.fixture
+def runs(cluster: Cluster, shared: Runs) -> Iterator[Runs]:
+    """Each test leaves the tier as it found it: our stack, in the delivery mode the session's other tests set."""
+    before = cluster.delivery
+    yield shared
+    shared.stacks.use_ours(before)
 
 
 def test_reference_algorithm_on_the_bug_reports_scenario(cluster: Cluster, kubectl: Kubectl, runs: Runs) -> None:

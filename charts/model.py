@@ -52,10 +52,43 @@ def component_condition(folder: str) -> str:
     return f".Values.{component_value(folder)}.enabled"
 
 
+def _names(items: list[Any]) -> list[str] | None:
+    """The `name` of every item of a list of named maps (containers, env, ports, webhooks), or None."""
+    names = [item.get("name") if isinstance(item, dict) else None for item in items]
+    if any(not isinstance(n, str) for n in names) or len(set(names)) != len(names):
+        return None
+    return [str(n) for n in names]
+
+
+def _merge_named(base: list[Any], variant: list[Any], only_variant: str, only_base: str, where: str) -> list[Any]:
+    """Lists of named maps: items only one render has are kept under its condition, at their place."""
+    base_names, variant_names = _names(base) or [], _names(variant) or []
+    common = [n for n in base_names if n in variant_names]
+    if common != [n for n in variant_names if n in base_names]:
+        raise ModelError(f"{where} lists the same items in another order in the two renders; keep their order.")
+    merged: list[Any] = []
+    i = j = 0
+    while i < len(base) or j < len(variant):
+        if i < len(base) and base_names[i] not in variant_names:
+            merged.append(When(only_base, base[i]))
+            i += 1
+        elif j < len(variant) and variant_names[j] not in base_names:
+            merged.append(When(only_variant, variant[j]))
+            j += 1
+        else:
+            merged.append(merge(base[i], variant[j], only_variant, only_base, f"{where}[name={base_names[i]}]"))
+            i += 1
+            j += 1
+    return merged
+
+
 def merge(base: Any, variant: Any, only_variant: str, only_base: str, where: str) -> Any:
-    """One tree for two renders that differ only by added or removed map keys (kept under conditions)."""
+    """One tree for two renders that differ only by added or removed map keys or named list items (kept under
+    conditions)."""
     if base == variant:
         return base
+    if isinstance(base, list) and isinstance(variant, list) and _names(base) and _names(variant):
+        return _merge_named(base, variant, only_variant, only_base, where)
     if isinstance(base, dict) and isinstance(variant, dict):
         merged: dict[str, Any] = {}
         for k in [*base, *(k for k in variant if k not in base)]:
@@ -132,7 +165,8 @@ def _children(node: Any, step: str, where: str) -> Iterator[tuple[Any, Any]]:
             yield items, index
         elif "=" in selector:
             field, wanted = selector.split("=", 1)
-            if isinstance(item, dict) and str(item.get(field)) == wanted:
+            value = item.value if isinstance(item, When) else item
+            if isinstance(value, dict) and str(value.get(field)) == wanted:
                 yield items, index
 
 

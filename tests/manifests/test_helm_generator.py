@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -24,12 +25,23 @@ def test_merge_keeps_added_and_removed_keys_under_their_condition(base: Any, var
     assert merge(base, variant, CM, SS, "X") == merged
 
 
+def test_merge_keeps_added_named_list_items_in_place() -> None:
+    base = {"ports": [{"name": "https", "containerPort": 8443}, {"name": "z", "containerPort": 1}]}
+    variant = {"ports": [{"name": "https", "containerPort": 8443}, {"name": "metrics", "containerPort": 9100},
+                         {"name": "z", "containerPort": 1}]}
+    assert merge(base, variant, CM, SS, "X") == {"ports": [
+        {"name": "https", "containerPort": 8443}, When(CM, {"name": "metrics", "containerPort": 9100}),
+        {"name": "z", "containerPort": 1}]}
+
+
 @pytest.mark.parametrize(("base", "variant", "named"), [
     ({"spec": {"replicas": 2}}, {"spec": {"replicas": 3}}, "X.spec.replicas"),
     ({"items": [1, 2]}, {"items": [1, 3]}, "X.items"),
+    ({"env": [{"name": "A", "value": "1"}]}, {"env": [{"name": "A", "value": "2"}]}, "X.env[name=A].value"),
+    ({"env": [{"name": "A"}, {"name": "B"}]}, {"env": [{"name": "B"}, {"name": "A"}]}, "X.env"),
 ])
 def test_merge_refuses_a_field_the_renders_set_differently(base: Any, variant: Any, named: str) -> None:
-    with pytest.raises(ModelError, match=named.replace(".", r"\.")):
+    with pytest.raises(ModelError, match=re.escape(named)):
         merge(base, variant, CM, SS, "X")
 
 
@@ -46,6 +58,18 @@ def test_a_conditional_key_becomes_an_if_block_that_renders_like_the_source() ->
     assert yaml.safe_load(without) == {"metadata": {"name": "x"}, "spec": {"a": 1}}
     assert yaml.safe_load("\n".join(line for line in lines if "{{" not in line)) == {
         "metadata": {"name": "x", "annotations": {"k": "v"}}, "spec": {"a": 1}}
+
+
+def test_a_conditional_list_item_renders_like_the_source() -> None:
+    obj = {"spec": {"ports": [{"name": "https"}, When(CM, {"name": "metrics", "port": 9100}), {"name": "z"}]}}
+    lines = generate._Writer({}).text(obj).splitlines()
+    block = ["  {{- if " + CM + " }}", "  - name: metrics", "    port: 9100", "  {{- end }}"]
+    start = lines.index(block[0])
+    assert lines[start:start + 4] == block
+    kept = yaml.safe_load("\n".join(line for line in lines if "{{" not in line))
+    dropped = yaml.safe_load("\n".join(line for i, line in enumerate(lines) if not start <= i < start + 4))
+    assert kept == {"spec": {"ports": [{"name": "https"}, {"name": "metrics", "port": 9100}, {"name": "z"}]}}
+    assert dropped == {"spec": {"ports": [{"name": "https"}, {"name": "z"}]}}
 
 
 def test_a_template_action_in_the_manifests_is_refused() -> None:

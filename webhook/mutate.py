@@ -9,9 +9,19 @@ from typing import Any
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from webhook import signing
-from webhook.envrules import NEUTRAL_ENV, Slot, expected_env, is_neutral, needs_void, new_ephemeral, slots
+from webhook.envrules import (
+    NEUTRAL_ENV,
+    Slot,
+    expected_env,
+    is_foreign_gpu,
+    is_neutral,
+    needs_void,
+    new_ephemeral,
+    slots,
+)
 from webhook.protocol import (
     Contract,
+    Demand,
     Intent,
     ProtocolError,
     container_units,
@@ -80,34 +90,46 @@ def _share_env(slot: Slot, units: int, total: int) -> list[dict[str, Any]]:
     return [entry for entry in expected_env(units, total) if entry["name"] not in present]
 
 
+def _slot_units(slot: Slot, demand: Demand) -> int:
+    """The units of this container, read from the demand already parsed (same spec order, by position)."""
+    if slot.kind == "initContainers":
+        return demand.init_containers[slot.index].units
+    return demand.containers[slot.index][1]
+
+
 def _container_ops(pod: Mapping[str, Any], contract: Contract, intent: Intent | None,
-                   other_gpu: Sequence[str]) -> Patch:
-    """env delivery: the GPU env into GPU-share containers, NVIDIA_VISIBLE_DEVICES=void into every other one."""
+                   other_gpu: Sequence[str], demand: Demand | None) -> Patch:
+    """env delivery: the GPU env into GPU-share containers, NVIDIA_VISIBLE_DEVICES=void into every other one.
+
+    `demand` is the pod's demand parsed once for the whole mutation; None when a limit is malformed, and then each
+    container is read on its own (a malformed limit counts as GPU-share: the validator refuses it)."""
     ops: Patch = []
     for slot in slots(pod, ("initContainers", "containers")):
-        if is_neutral(slot.container, contract, other_gpu):
+        if demand is not None:
+            units = _slot_units(slot, demand)
+            neutral = not units and not is_foreign_gpu(slot.container, other_gpu)
+        else:
+            neutral = is_neutral(slot.container, contract, other_gpu)
+        if neutral:
             if needs_void(slot.container):
                 ops.extend(_env_ops(slot, [NEUTRAL_ENV]))
             continue
-        try:
-            units = container_units(slot.container, contract.resource, "container")
-        except ProtocolError:
-            continue  # the validator refuses the malformed limit with a message
+        if demand is None:
+            try:
+                units = container_units(slot.container, contract.resource, "container")
+            except ProtocolError:
+                continue  # the validator refuses the malformed limit with a message
         if units and intent is not None:
             ops.extend(_env_ops(slot, _share_env(slot, units, intent.total)))
     return ops
 
 
 def _intent_ops(
-    pod: Mapping[str, Any], namespace: str, contract: Contract, signer: Ed25519PrivateKey, new_id: Callable[[], str]
+    pod: Mapping[str, Any], namespace: str, contract: Contract, signer: Ed25519PrivateKey, new_id: Callable[[], str],
+    *, demand: Demand | None,
 ) -> tuple[Intent | None, Patch]:
     """The pod's intent (kept or fresh) and the ops that stamp it; (None, []) for a pod that is not GPU-share."""
-    try:
-        demand = demand_of(pod, contract.resource)
-    except ProtocolError as exc:
-        log.info("pod %s has a malformed %s limit, left to the validator: %s", pod_ref(pod), contract.resource, exc)
-        return None, []
-    if not demand.wants_gpu:
+    if demand is None or not demand.wants_gpu:
         return None, []
     annotations = read_annotations(pod)
     previous, keep = _stamped_intent(annotations, pod, namespace, contract, signer)
@@ -132,9 +154,14 @@ def mutate(
 
     `other_gpu` names other device plugins' GPU resources (whole GPUs): their containers are left alone.
     """
-    intent, ops = _intent_ops(pod, namespace, contract, signer, new_id)
+    try:
+        demand: Demand | None = demand_of(pod, contract.resource)  # parsed once, for both halves below
+    except ProtocolError as exc:
+        log.info("pod %s has a malformed %s limit, left to the validator: %s", pod_ref(pod), contract.resource, exc)
+        demand = None
+    intent, ops = _intent_ops(pod, namespace, contract, signer, new_id, demand=demand)
     if contract.delivery == "env":
-        ops.extend(_container_ops(pod, contract, intent, other_gpu))
+        ops.extend(_container_ops(pod, contract, intent, other_gpu, demand))
     return ops
 
 

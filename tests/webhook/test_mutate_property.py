@@ -100,3 +100,4 @@ def test_the_direct_patch_gives_the_pod_the_whole_pod_diff_gave(pod: dict[str, A
     direct = mutate(pod, NS, contract, KEY, lambda: NEW_ID, other_gpu=OTHER_GPU)
     expected = jsonpatch.apply_patch(pod, old_whole_pod_diff(pod, contract))
     assert jsonpatch.apply_patch(pod, direct) == expected
+

@@ -21,11 +21,22 @@ _settings = _checked
 wsgi_app = "webhook.app:create_app_from_env()"
 bind = [_settings.bind]
 # An asyncio front per process bounds the TLS handshake, the headers and the body (GPUSHARE_READ_DEADLINE_SECONDS
-# each) and hands whole requests to `threads` app threads: a stalled client holds a socket, never a thread.
+# each) and hands only whole requests to the app: a stalled client holds a socket, never a thread.
 # Measured in bench/bench_stalled_clients.py against gthread, which 8 stalled clients stop.
+#
+# Worker model, measured with bench/bench_webhook_http.py (wrk, keep-alive TLS, 6 KB Deployment pod, 2 CPUs):
+# - Each process accepts one connection per wake-up (webhook/worker.py), so the API server's kept-alive connections
+#   spread over the processes: the CPU time of a mutate run split 99% / 1% over 2 processes with asyncio's
+#   accept-everything-waiting, 53% / 47% (and 54/46, 63/37) after. So workers = the cores (GPUSHARE_WORKERS,
+#   default 2) is enough; more processes than cores only add memory and context switches.
+# - The app runs on the event loop's thread (GPUSHARE_THREADS=0, the default): a review holds the GIL for its whole
+#   ~0.5 ms and never waits on I/O, so app threads add no parallelism, only a hand-off per request and, on every
+#   socket call of the loop, a wait for the GIL. Server CPU per request, 2 processes: /healthz 0.26-0.31 ms on the
+#   loop against 0.31-0.41 ms with 4 threads; /mutate 0.80-0.85 ms against 0.95-1.03 ms (several runs each, on a
+#   machine that other jobs loaded, load average 15-25, which blurs throughput far more than CPU per request).
 worker_class = "webhook.worker.WebhookWorker"
 workers = _settings.workers
-threads = _settings.threads
+threads = max(_settings.threads, 1)  # gunicorn's own setting; our worker reads GPUSHARE_THREADS itself
 # Connections one process holds at most, stalled ones included; more are refused with a log line.
 worker_connections = 1000
 # The API server waits at most timeoutSeconds (1-30 s, default 10) for an answer; a worker whose event loop stops

@@ -76,6 +76,13 @@ def positive_int(text: str) -> int:
     return value
 
 
+def non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise ValueError("must not be negative")
+    return value
+
+
 def deadline_seconds(text: str) -> float:
     value = float(text)
     if not 0 < value <= 30:  # the API server's longest webhook timeoutSeconds
@@ -165,7 +172,7 @@ class Settings:
     bind: str
     max_body_bytes: int
     workers: int
-    threads: int
+    threads: int  # app threads per process; 0: the app runs on the event loop's thread (webhook/worker.py)
     # Bound of the TLS handshake, of the request headers and of the body, each (webhook/worker.py).
     read_deadline_seconds: float
     log_level: str
@@ -203,7 +210,8 @@ def settings_from(env: Mapping[str, str]) -> Settings:
             env, "GPUSHARE_MAX_BODY_BYTES", str(8 * 1024 * 1024), positive_int, "a positive number of bytes"
         ),
         workers=env_parsed(env, "GPUSHARE_WORKERS", "2", positive_int, "a positive integer"),
-        threads=env_parsed(env, "GPUSHARE_THREADS", "4", positive_int, "a positive integer"),
+        threads=env_parsed(env, "GPUSHARE_THREADS", "0", non_negative_int, "0 (the app on the event loop) or a number "
+                           "of app threads"),
         read_deadline_seconds=env_parsed(
             env, "GPUSHARE_READ_DEADLINE_SECONDS", "2", deadline_seconds, "a number of seconds from 0 to 30"
         ),

@@ -4,7 +4,12 @@ gunicorn's gthread worker gives each connection a thread from the moment its fir
 TLS handshake, the headers and the body with no deadline: a few clients that stop mid-request hold every thread
 of a replica. Here one event loop per process owns every connection: the handshake, the headers and the body are
 each read under GPUSHARE_READ_DEADLINE_SECONDS, costing no thread while they wait, and only a whole request is
-handed to the WSGI app on one of GPUSHARE_THREADS threads. A stalled client costs a socket, never a thread.
+handed to the WSGI app. A stalled client costs a socket, never a thread.
+
+The app runs on the event loop's own thread by default (GPUSHARE_THREADS=0): reviews are pure computation of well
+under a millisecond that hold the GIL throughout, so a pool of app threads adds no parallelism, only a hand-off per
+request and the loop's wait for the GIL after every socket call (gunicorn.conf.py has the figures). GPUSHARE_THREADS
+greater than zero runs the app on that many threads instead.
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ class WebhookWorker(base.Worker):  # type: ignore[misc]  # gunicorn ships no typ
         super().__init__(*args, **kwargs)
         settings = from_environ()
         self.limits = http1.Limits(settings.read_deadline_seconds, float(self.cfg.keepalive), settings.max_body_bytes)
+        self.app_threads = settings.threads  # 0: the app runs on the loop's thread
         self.max_connections: int = self.cfg.worker_connections
         self.loop: asyncio.AbstractEventLoop  # made in init_process, in the worker process
         self.pool: ThreadPoolExecutor | None = None
@@ -85,11 +91,13 @@ class WebhookWorker(base.Worker):  # type: ignore[misc]  # gunicorn ships no typ
 
     def run(self) -> None:
         asyncio.set_event_loop(self.loop)
-        self.pool = ThreadPoolExecutor(max_workers=self.cfg.threads, thread_name_prefix="webhook-app")
+        if self.app_threads:
+            self.pool = ThreadPoolExecutor(max_workers=self.app_threads, thread_name_prefix="webhook-app")
         try:
             self.loop.run_until_complete(self._serve())
         finally:
-            self.pool.shutdown(wait=False, cancel_futures=True)
+            if self.pool is not None:
+                self.pool.shutdown(wait=False, cancel_futures=True)
             self.loop.close()
 
     async def _serve(self) -> None:
@@ -242,7 +250,10 @@ class WebhookWorker(base.Worker):  # type: ignore[misc]  # gunicorn ships no typ
     async def _answer(self, req: http1.Request, env: dict[str, Any], keep_alive: bool) -> bytes:
         self.busy += 1
         try:
-            status, headers, body = await self.loop.run_in_executor(self.pool, http1.call_app, self.wsgi, env)
+            if self.pool is None:
+                status, headers, body = http1.call_app(self.wsgi, env)
+            else:
+                status, headers, body = await self.loop.run_in_executor(self.pool, http1.call_app, self.wsgi, env)
         except Exception:
             log.exception("The webhook app failed on %s %s; answered 500.", req.method, req.target)
             return http1.plain("500 Internal Server Error", "The webhook failed on this request; see its log.")

@@ -180,7 +180,7 @@ def webhook_server(
         "GPUSHARE_TLS_KEY": str(directory / "tls.key"),
         "GPUSHARE_SIGNING_KEY": str(directory / "signing.key"),
         "GPUSHARE_WORKERS": "1",
-        "GPUSHARE_THREADS": "4",
+        "GPUSHARE_THREADS": "0",  # the deployed default: the app on the event loop (test_serve runs threads)
         "PYTHONUNBUFFERED": "1",
     })
     child_env.update(env or {})

@@ -34,6 +34,11 @@ def test_mib_unit_scales_the_default_largest_gpu() -> None:
     assert settings_from({"GPUSHARE_UNIT": "MiB"}).max_gpu_units == 192 * 1024
 
 
+@pytest.mark.parametrize(("value", "threads"), [(None, 0), ("0", 0), ("4", 4)])
+def test_the_app_runs_on_the_event_loop_unless_threads_are_asked_for(value: str | None, threads: int) -> None:
+    assert settings_from({} if value is None else {"GPUSHARE_THREADS": value}).threads == threads
+
+
 def test_identity_lists_are_comma_separated() -> None:
     s = settings_from({"GPUSHARE_EXTENDER_IDENTITIES": " a , b,", "GPUSHARE_PLUGIN_IDENTITIES": "c"})
     assert s.extender_identities == ("a", "b") and s.plugin_identities == ("c",)
@@ -45,6 +50,7 @@ def test_identity_lists_are_comma_separated() -> None:
         ({"GPUSHARE_MAX_GPU_UNITS": "lots"}, "GPUSHARE_MAX_GPU_UNITS='lots' is not valid"),
         ({"GPUSHARE_MAX_GPU_UNITS": "0"}, "GPUSHARE_MAX_GPU_UNITS='0' is not valid: must be greater than zero"),
         ({"GPUSHARE_WORKERS": "-1"}, "GPUSHARE_WORKERS='-1'"),
+        ({"GPUSHARE_THREADS": "-2"}, "GPUSHARE_THREADS='-2' is not valid: must not be negative"),
         ({"GPUSHARE_MAX_BODY_BYTES": "1e6"}, "GPUSHARE_MAX_BODY_BYTES='1e6'"),
         ({"GPUSHARE_UNIT": "TB"}, "unit 'TB' is not supported"),
         ({"GPUSHARE_DELIVERY": "pci"}, "GPUSHARE_DELIVERY"),

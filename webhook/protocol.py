@@ -279,15 +279,18 @@ def parse_intent(text: str, key: str = DEFAULT_PREFIX + "intent") -> Intent:
     )
 
 
-def intent_mismatch(intent: Intent, pod: Mapping[str, Any], contract: Contract) -> str | None:
-    """Why the intent does not describe this pod's spec, or None when it does."""
+def intent_mismatch(
+    intent: Intent, pod: Mapping[str, Any], contract: Contract, demand: Demand | None = None
+) -> str | None:
+    """Why the intent does not describe this pod's spec, or None when it does (`demand`: the pod's, when the caller
+    has parsed it already)."""
     if intent.resource != contract.resource or intent.unit != contract.unit:
         return (
             f"the intent is for {intent.resource} in {intent.unit} but this cluster shares "
             f"{contract.resource} in {contract.unit}"
         )
     try:
-        expected = intent_for(demand_of(pod, contract.resource), contract, intent.allocation_id)
+        expected = intent_for(demand or demand_of(pod, contract.resource), contract, intent.allocation_id)
     except ProtocolError as exc:
         return str(exc)
     if expected.to_json() != intent.to_json():

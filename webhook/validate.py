@@ -22,7 +22,6 @@ from webhook.protocol import (
     ProtocolError,
     allocation_problems,
     assignment_problems,
-    container_units,
     demand_of,
     intent_mismatch,
     parse_allocation,
@@ -149,7 +148,8 @@ def _create_problems(pod: Pod, namespace: str, policy: Policy, public_key: Ed255
                 f"GPU holds ({policy.max_gpu_units} {contract.unit}, GPUSHARE_MAX_GPU_UNITS), so it could never be "
                 "placed; lower its limit", "too_large",
             ))
-    problems.extend(_tagged("container_env", _env_problems(pod, contract, intent.total if intent else demand.total)))
+    problems.extend(_tagged("container_env", _env_problems(pod, contract, intent.total if intent else demand.total,
+                                                           demand)))
     return problems
 
 
@@ -192,7 +192,7 @@ def _created_intent(
     except ProtocolError as exc:
         problems.append(Problem(f"{exc}; {fix}", "forged_intent"))
         return None
-    mismatch = intent_mismatch(intent, pod, contract) if demand is not None else None
+    mismatch = intent_mismatch(intent, pod, contract, demand) if demand is not None else None
     if mismatch:
         problems.append(Problem(f"annotation {intent_key} does not match the pod spec: {mismatch}; {fix}",
                                 "forged_intent"))
@@ -209,12 +209,15 @@ def _normal_env(entry: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _env_problems(pod: Pod, contract: Contract, total: int) -> list[str]:
+def _env_problems(pod: Pod, contract: Contract, total: int, demand: Demand) -> list[str]:
+    """The reserved variables each GPU-share container sets other than the webhook does; the units of each
+    container come from `demand`, the pod's limits parsed once (same spec order)."""
     problems: list[str] = []
     spec = pod.get("spec") or {}
+    units_by_kind = {"initContainers": [i.units for i in demand.init_containers],
+                     "containers": [u for _, u in demand.containers]}
     for kind in ("initContainers", "containers"):
-        for container in spec.get(kind) or []:
-            units = container_units(container, contract.resource, "container")
+        for container, units in zip(spec.get(kind) or [], units_by_kind[kind], strict=True):
             if not units:
                 continue
             wanted = (

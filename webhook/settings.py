@@ -44,7 +44,7 @@ WEBHOOK_VARIABLES = (
     Variable("GPUSHARE_OTHER_GPU_RESOURCES", "nvidia.com/gpu", "other device plugins' whole-GPU resources"),
     Variable("GPUSHARE_MAX_BODY_BYTES", str(8 * 1024 * 1024), "larger AdmissionReview bodies get HTTP 400"),
     Variable("GPUSHARE_WORKERS", "2", "gunicorn worker processes"),
-    Variable("GPUSHARE_THREADS", "4", "threads per worker process that run the app"),
+    Variable("GPUSHARE_THREADS", "0", "threads per worker process that run the app (0: on the event loop thread)"),
     Variable("GPUSHARE_READ_DEADLINE_SECONDS", "2", "bound of the TLS handshake, the headers and the body, each"),
     *LOG_VARIABLES,
     Variable("GPUSHARE_METRICS_BIND", "127.0.0.1:9102", "plain-HTTP /metrics of all workers, HOST:PORT; empty: off"),

@@ -120,13 +120,19 @@ class _Writer:
         return out[: match.start()] + action + out[match.end():]
 
 
+def _template_name(origin: str) -> str:
+    """The source file's name; objects a kustomization generates (configMapGenerator) are named after its folder."""
+    path = Path(origin)
+    return f"{path.parent.name}.yaml" if path.name == "kustomization.yaml" else path.name
+
+
 def templates(parts: list[Part], defaults: dict[str, Any]) -> dict[str, str]:
     """templates/<manifest file name> -> its text, objects in the order kustomize renders them."""
     files: dict[str, list[str]] = {}
     sources: dict[str, str] = {}
     writer = _Writer(defaults)
     for part in parts:
-        name = "templates/" + Path(part.origin).name
+        name = "templates/" + _template_name(part.origin)
         if sources.setdefault(name, part.origin) != part.origin:
             raise ModelError(f"{part.origin} and {sources[name]} would both become {name}; rename one of them.")
         doc = "---\n" + writer.text(part.obj)

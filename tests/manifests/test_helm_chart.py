@@ -33,6 +33,8 @@ CUSTOM_VALUES: Obj = {
     "devicePlugin": {"placement": "node", "nodeSelector": NODE_SELECTOR, "tolerations": TOLERATIONS,
                      "resources": PLUGIN_RESOURCES},
     "networkPolicy": {"enabled": True, "from": PEERS},
+    # and every optional component switched on
+    **{component_value(folder): {"enabled": True} for folder in kustomize.components() if folder != "network-policy"},
 }
 
 
@@ -116,7 +118,7 @@ def test_default_values_render_the_overlay(overlay: str) -> None:
 def test_every_value_renders_what_the_same_kustomize_overlay_does(overlay: str, tmp_path: Path) -> None:
     values = tmp_path / "values.yaml"
     values.write_text(yaml.safe_dump({**CUSTOM_VALUES, "certificates": overlay}))
-    expected = manifests(overlay, ["network-policy"], custom_kustomization(overlay))
+    expected = manifests(overlay, kustomize.components(), custom_kustomization(overlay))
     assert_same_objects(helm.template(values), expected)
 
 

@@ -1,5 +1,6 @@
-"""Decisions are pure: the contract, mutation, validation, review, signing, settings, certificate builders and the
-plugin's deciding modules import neither Flask, nor grpc, nor the kubernetes client (STYLE.md rule 1)."""
+"""Decisions are pure: the contract, mutation, validation, review, signing, settings, certificate builders, the
+plugin's deciding modules and the kubectl plugin's model and rendering import neither Flask, nor grpc, nor the
+kubernetes client (STYLE.md rule 1)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,8 @@ PURE = [
     "deviceplugin.delivery",
     "deviceplugin.inventory",
     "deviceplugin.settings",
+    "kubectlplugin.model",
+    "kubectlplugin.render",
 ]
 FORBIDDEN = ("flask", "werkzeug", "grpc", "kubernetes", "gunicorn")
 

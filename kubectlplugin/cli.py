@@ -1,0 +1,121 @@
+"""`kubectl gpushare` (the `kubectl-gpushare` executable): every GPU of the cluster and the pods promised to it."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from importlib import metadata
+
+from kubectlplugin import cluster, model, render
+from webhook.protocol import Contract, ProtocolError
+from webhook.settings import SettingsError, contract_from
+
+PROG = "kubectl gpushare"
+EPILOG = """\
+It reads node capacity and pod annotations only (the gpushare protocol, or the reference scheduler extender's
+ALIYUN_COM_GPU_MEM_* keys), so it works beside either. A GPU's PROMISED memory is the sum of the pods the
+scheduler extender placed on it (ALIYUN_COM_GPU_MEM_POD); ALLOCATED counts those whose containers got it
+(ALIYUN_COM_GPU_MEM_ASSIGNED=true). Pod states: requested (no annotation yet), stamped (the webhook's signed
+intent), assigned (a GPU chosen), allocated (the device plugin delivered it), refused (with the reason),
+invalid (annotations that break the protocol).
+
+settings (environment, shared with the webhook and the device plugin):
+  GPUSHARE_RESOURCE_NAME      the shared resource (default aliyun.com/gpu-mem)
+  GPUSHARE_UNIT               GiB or MiB (default GiB)
+  GPUSHARE_ANNOTATION_PREFIX  prefix of the intent and allocation annotations (default gpushare.io/)
+  KUBECONFIG                  kubeconfig files separated by ':' (default ~/.kube/config)
+
+exit status: 0 shown, 1 the cluster could not be read (one line says why), 2 bad arguments."""
+
+
+@dataclass(frozen=True)
+class Options:
+    access: cluster.Access
+    contract: Contract
+    namespace: str | None
+    nodes: tuple[str, ...]
+    details: bool
+    output: str
+
+
+def _timeout(text: str) -> float:
+    value = float(text.rstrip("s"))
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(text)
+    return value
+
+
+def parser() -> argparse.ArgumentParser:
+    out = argparse.ArgumentParser(prog=PROG, description=__doc__, epilog=EPILOG,
+                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+    out.add_argument("nodes", nargs="*", metavar="NODE", help="show only these nodes (default: every GPU node)")
+    out.add_argument("-d", "--details", action="store_true",
+                     help="also list every GPU-share container: namespace, pod, units, state and reason")
+    out.add_argument("-o", "--output", choices=("table", "json"), default="table", help="output format")
+    out.add_argument("--kubeconfig", default="", help="path to the kubeconfig file (default: KUBECONFIG, then "
+                     "~/.kube/config)")
+    out.add_argument("--context", default="", help="the kubeconfig context to use (default: its current-context)")
+    scope = out.add_mutually_exclusive_group()
+    scope.add_argument("-n", "--namespace", default=None,
+                       help="count only the pods of this namespace (default: every namespace, since a GPU is "
+                            "shared across namespaces)")
+    scope.add_argument("-A", "--all-namespaces", action="store_true", help="count the pods of every namespace "
+                       "(the default)")
+    out.add_argument("--request-timeout", type=_timeout, default=10.0, metavar="SECONDS",
+                     help="bound of each request to the API server (default 10)")
+    out.add_argument("--resource", default=None, help="the shared resource (default GPUSHARE_RESOURCE_NAME)")
+    out.add_argument("--unit", choices=("GiB", "MiB"), default=None, help="what one unit is (default GPUSHARE_UNIT)")
+    out.add_argument("--annotation-prefix", default=None, help="prefix of the gpushare annotations (default "
+                     "GPUSHARE_ANNOTATION_PREFIX)")
+    out.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    return out
+
+
+def _version() -> str:
+    try:
+        return metadata.version("gpushare-webhook")
+    except metadata.PackageNotFoundError:
+        return "(not installed)"
+
+
+def options_from(argv: Sequence[str], env: Mapping[str, str]) -> Options:
+    """The arguments and the environment, checked; argparse exits 2 with one line on a bad argument."""
+    args = parser().parse_args(argv)
+    try:
+        shared = contract_from(env)
+        contract = Contract(resource=args.resource or shared.resource, unit=args.unit or shared.unit,
+                            prefix=args.annotation_prefix or shared.prefix)
+    except (SettingsError, ProtocolError) as exc:
+        parser().error(str(exc))
+    access = cluster.Access(kubeconfig=args.kubeconfig, env_kubeconfig=env.get("KUBECONFIG", ""),
+                            home=env.get("HOME", ""), context=args.context, timeout=args.request_timeout)
+    return Options(access, contract, args.namespace, tuple(args.nodes), args.details, args.output)
+
+
+def show(options: Options, snapshot: cluster.Snapshot) -> str:
+    report = model.build(snapshot.nodes, snapshot.pods, snapshot.events, options.contract,
+                         namespace=options.namespace, only_nodes=options.nodes)
+    if options.output == "json":
+        return render.as_json(report)
+    text = render.summary(report)
+    return text + "\n\n" + render.details(report) if options.details else text
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    options = options_from(sys.argv[1:] if argv is None else argv, os.environ)
+    try:
+        snapshot = cluster.read(options.access, options.namespace)
+    except cluster.ClusterError as exc:
+        text = str(exc)
+        print(f"error: {text[:1].upper()}{text[1:]}{'' if text.endswith('.') else '.'}", file=sys.stderr)
+        return 1
+    print(show(options, snapshot))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,131 @@
+"""Nodes, pods and Events in the API's JSON shape for the plugin's pure tests, and one fixed cluster for the golden
+table: two GPU nodes beside the reference extender, pods in every state."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import Any
+
+from kubectlplugin.model import GPU_COUNT, PLUGIN_COMPONENT
+from webhook.protocol import (
+    ASSIGNED,
+    DEV,
+    IDX,
+    POD,
+    Allocation,
+    ContainerSlot,
+    Contract,
+    demand_of,
+    intent_for,
+)
+
+CONTRACT = Contract()
+RESOURCE = CONTRACT.resource
+Obj = dict[str, Any]
+
+
+def node(name: str, gpus: int | None, memory: int | None) -> Obj:
+    capacity = {"cpu": "8"}
+    if memory is not None:
+        capacity[RESOURCE] = str(memory * (gpus or 1))
+    if gpus is not None:
+        capacity[GPU_COUNT] = str(gpus)
+    return {"metadata": {"name": name}, "status": {"capacity": capacity}}
+
+
+def pod(namespace: str, name: str, units: Mapping[str, int], *, init: Mapping[str, int] | None = None,
+        node_name: str | None = None, phase: str = "Pending") -> Obj:
+    def container(cname: str, count: int) -> Obj:
+        out: Obj = {"name": cname, "image": "app:1"}
+        if count:
+            out["resources"] = {"limits": {RESOURCE: str(count)}}
+        return out
+
+    spec: Obj = {"containers": [container(n, u) for n, u in units.items()]}
+    if init:
+        spec["initContainers"] = [container(n, u) for n, u in init.items()]
+    if node_name:
+        spec["nodeName"] = node_name
+    return {"metadata": {"namespace": namespace, "name": name, "uid": f"uid-{namespace}-{name}", "annotations": {}},
+            "spec": spec, "status": {"phase": phase}}
+
+
+def stamp(p: Obj, contract: Contract = CONTRACT) -> Obj:
+    """What the mutating webhook adds (the signature is not read by the plugin, so any text stands in)."""
+    out = copy.deepcopy(p)
+    intent = intent_for(demand_of(out, contract.resource), contract, f"alloc-{out['metadata']['name']}")
+    out["metadata"]["annotations"].update({contract.intent_key: intent.to_json(), contract.signature_key: "c2ln"})
+    return out
+
+
+def assign(p: Obj, index: int, device: int, node_name: str) -> Obj:
+    """What the scheduler extender writes before binding, and the binding."""
+    out = copy.deepcopy(p)
+    total = demand_of(out, RESOURCE).total
+    out["metadata"]["annotations"].update({IDX: str(index), DEV: str(device), POD: str(total), ASSIGNED: "false",
+                                           "ALIYUN_COM_GPU_MEM_ASSUME_TIME": "1700000000000000000"})
+    out["spec"]["nodeName"] = node_name
+    return out
+
+
+def allocate(p: Obj, *, record: bool = True, contract: Contract = CONTRACT) -> Obj:
+    """What a device plugin writes once the containers got the GPU; the reference plugin writes no record."""
+    out = copy.deepcopy(p)
+    annotations = out["metadata"]["annotations"]
+    annotations[ASSIGNED] = "true"
+    if record:
+        demand = demand_of(out, contract.resource)
+        slots = {n: ContainerSlot(u, "slot") for n, u in demand.containers if u}
+        allocation = Allocation(f"alloc-{out['metadata']['name']}", out["spec"]["nodeName"], int(annotations[IDX]),
+                                "GPU-uuid", slots)
+        annotations[contract.allocation_key] = allocation.to_json()
+    out["status"]["phase"] = "Running"
+    return out
+
+
+def event(p: Obj, reason: str, message: str, when: str, event_type: str = "Warning",
+          component: str = PLUGIN_COMPONENT) -> Obj:
+    meta = p["metadata"]
+    return {"metadata": {"name": f"{meta['name']}.{reason.lower()}.{when[11:19].replace(':', '')}",
+                         "namespace": meta["namespace"]},
+            "involvedObject": {"kind": "Pod", "name": meta["name"], "namespace": meta["namespace"],
+                               "uid": meta["uid"]},
+            "reason": reason, "message": message, "type": event_type, "source": {"component": component},
+            "lastTimestamp": when}
+
+
+def admission_refused(p: Obj, message: str) -> Obj:
+    out = copy.deepcopy(p)
+    out["status"] = {"phase": "Failed", "reason": "UnexpectedAdmissionError",
+                     "message": f"Allocate failed due to {message}, which is unexpected"}
+    return out
+
+
+def golden_cluster() -> tuple[list[Obj], list[Obj], list[Obj]]:
+    """(nodes, pods, events) of the golden table."""
+    nodes = [node("gpu-a", 2, 16), node("gpu-b", 1, 24), node("cpu-only", None, None)]
+    train = allocate(assign(stamp(pod("ml", "train", {"main": 8, "log": 0}, init={"fetch": 2})), 0, 16, "gpu-a"))
+    serve = assign(stamp(pod("ml", "serve", {"api": 4, "cache": 2})), 0, 16, "gpu-a")
+    legacy = allocate(assign(pod("legacy", "notebook", {"jupyter": 6}), 1, 16, "gpu-a"), record=False)
+    moved = allocate(assign(stamp(pod("ml", "moved", {"main": 4})), 1, 16, "gpu-a"))
+    noroom = assign(stamp(pod("ml", "eval", {"main": 12})), 0, 24, "gpu-b")
+    unplaced = admission_refused(stamp(pod("ml", "direct", {"main": 4}, node_name="gpu-b")),
+                                 "rpc error: code = FailedPrecondition desc = no pod on node gpu-b admitted by the "
+                                 "gpushare webhook has a container asking for exactly 4 GiB")
+    waiting = stamp(pod("ml", "huge", {"main": 80}))
+    asked = pod("legacy", "fresh", {"main": 2})
+    done = allocate(assign(stamp(pod("ml", "finished", {"main": 8})), 1, 16, "gpu-a"))
+    done["status"]["phase"] = "Succeeded"
+    plain = pod("web", "nginx", {"web": 0}, node_name="gpu-a")
+    events = [
+        event(moved, "GpuShareAllocated", "Pod ml/moved runs on GPU 1.", "2026-01-01T10:00:00Z", "Normal"),
+        event(noroom, "GpuShareNoRoom", "Pod ml/eval does not fit on GPU 0 of node gpu-b: 12 GiB asked, "
+              "8 GiB free; delete pods on that GPU or recreate the pod.", "2026-01-01T10:00:05Z"),
+        event(train, "GpuShareNoRoom", "Pod ml/train did not fit.", "2026-01-01T09:00:00Z"),
+        event(train, "GpuShareAllocated", "Pod ml/train runs on GPU 0.", "2026-01-01T09:00:01Z", "Normal"),
+        event(serve, "Scheduled", "Successfully assigned ml/serve to gpu-a", "2026-01-01T09:00:00Z", "Normal",
+              "default-scheduler"),
+    ]
+    pods = [train, serve, legacy, moved, noroom, unplaced, waiting, asked, done, plain]
+    return nodes, pods, events

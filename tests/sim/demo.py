@@ -35,9 +35,25 @@ def table(ours: Result, baseline: Result) -> str:
     return "\n".join(lines)
 
 
+# What each invariant kind means (tests/sim/invariants.py), printed beside its count.
+MEANINGS = {
+    "wrong-gpu": "containers that run on a GPU other than the one their own pod records: the plugin handed them "
+                 "another pod's GPU",
+    "overcommit": "GPUs whose running containers (or recorded pods) ask for more memory than the GPU has, because "
+                  "containers landed on GPUs the scheduler did not count them on",
+    "made-up-device": "containers handed a NVIDIA_VISIBLE_DEVICES that names no GPU, which the runtime refuses "
+                      "with 'unknown device id'",
+    "unrequested-gpu": "containers that asked for no GPU memory but see a GPU",
+    "no-message": "pods stuck without a message naming the cause",
+    "not-released": "deleted pods that still hold devices",
+    "not-settled": "scenarios whose pods were still changing at the end",
+}
+
+
 def examples(result: Result, limit: int = 5) -> list[str]:
     kinds = Counter(v.kind for v in result.violations)
-    out = [f"  {kind}: {count}" for kind, count in sorted(kinds.items())]
+    out = [f"  {kind}: {count} ({MEANINGS.get(kind, 'see tests/sim/invariants.py')})"
+           for kind, count in sorted(kinds.items())]
     out += [f"  e.g. {v.message}" for v in result.violations[:limit]]
     return out
 

@@ -35,7 +35,7 @@ def run_scenario(cluster: Cluster, bypass: bool) -> list[dict[str, Any]]:
     pods = [shape.pod(name=f"pod-{i}") for i, shape in enumerate(SHAPES)]
     pods.append(PodShape((9,)).pod(name="too-large"))
     if bypass:
-        direct = PodShape((2,)).pod(name="direct")
+        direct = PodShape((7,)).pod(name="direct")  # a size no other container asks for: Allocate is refused
         direct["spec"]["nodeName"] = "node-1"
         pods.append(direct)
     for pod in pods:
@@ -101,7 +101,7 @@ def test_with_the_gpushare_webhook_and_plugin(hook: Any, tmp_path: Path) -> None
                                                                                     False)
     assert direct["reason"].startswith("UnexpectedAdmissionError: Allocate failed due to rpc error: code = "
                                        "FailedPrecondition desc = no pod on node node-1 admitted by the gpushare "
-                                       "webhook has a container asking for exactly 2 GiB")
+                                       "webhook has a container asking for exactly 7 GiB")
     assert all(p["state"] == "allocated" for n in doc["nodes"] for g in n["gpus"] for p in g["pods"])
 
 

@@ -39,8 +39,8 @@ def table(ours: Result, baseline: Result) -> str:
 MEANINGS = {
     "wrong-gpu": "containers that run on a GPU other than the one their own pod records: the plugin handed them "
                  "another pod's GPU",
-    "overcommit": "GPUs whose running containers (or recorded pods) ask for more memory than the GPU has, because "
-                  "containers landed on GPUs the scheduler did not count them on",
+    "overcommit": "GPUs where the running containers, or the pods recorded there, ask for more memory than the GPU "
+                  "has: containers landed on GPUs the scheduler did not count them on",
     "made-up-device": "containers handed a NVIDIA_VISIBLE_DEVICES that names no GPU, which the runtime refuses "
                       "with 'unknown device id'",
     "unrequested-gpu": "containers that asked for no GPU memory but see a GPU",

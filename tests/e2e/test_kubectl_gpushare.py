@@ -77,8 +77,9 @@ def test_the_table_and_json_say_what_the_annotations_say(cluster: Cluster, kubec
     assert [(p["name"], p["state"]) for p in doc["pending"]] == [("huge", "stamped")]
     (refused,) = [p for n in doc["nodes"] for p in n["unplaced"]]
     assert (refused["name"], refused["state"], refused["counted"]) == ("direct", "refused", False)
-    assert refused["reason"].startswith("UnexpectedAdmissionError: Allocate failed due to ")
-    assert "ALIYUN_COM_GPU_MEM_IDX" in refused["reason"]
+    # kubelet 1.34 words it "Pod was rejected: Allocate failed due to <the plugin's error>, which is unexpected".
+    assert refused["reason"].startswith("UnexpectedAdmissionError: ")
+    assert "Allocate failed due to" in refused["reason"] and "ALIYUN_COM_GPU_MEM_IDX" in refused["reason"]
 
     table = gpushare("--kubeconfig", admin, "-n", namespace, "-d")
     assert table.returncode == 0, table.stderr

@@ -8,13 +8,21 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from importlib import metadata
 
 from kubectlplugin import cluster, model, render
-from webhook.protocol import Contract, ProtocolError
+from webhook import cli
+from webhook.cli import Variable
+from webhook.protocol import DEFAULT_PREFIX, DEFAULT_RESOURCE, Contract, ProtocolError
 from webhook.settings import SettingsError, contract_from
 
-PROG = "kubectl gpushare"
+PROG = "kubectl-gpushare"
+USAGE = "kubectl gpushare [NODE ...] [-d] [-o {table,json}] [--kubeconfig PATH] [--context NAME] [-n NAMESPACE | -A]"
+VARIABLES = (
+    Variable("GPUSHARE_RESOURCE_NAME", DEFAULT_RESOURCE, "the shared resource, as the webhook and the plugins have it"),
+    Variable("GPUSHARE_UNIT", "GiB", "what one unit is: GiB or MiB"),
+    Variable("GPUSHARE_ANNOTATION_PREFIX", DEFAULT_PREFIX, "prefix of the intent and allocation annotations"),
+    Variable("KUBECONFIG", "~/.kube/config", "kubeconfig files separated by ':' (--kubeconfig takes precedence)"),
+)
 EPILOG = """\
 It reads node capacity and pod annotations only (the gpushare protocol, or the reference scheduler extender's
 ALIYUN_COM_GPU_MEM_* keys), so it works beside either. A GPU's PROMISED memory is the sum of the pods the
@@ -23,13 +31,7 @@ scheduler extender placed on it (ALIYUN_COM_GPU_MEM_POD); ALLOCATED counts those
 intent), assigned (a GPU chosen), allocated (the device plugin delivered it), refused (with the reason),
 invalid (annotations that break the protocol).
 
-settings (environment, shared with the webhook and the device plugin):
-  GPUSHARE_RESOURCE_NAME      the shared resource (default aliyun.com/gpu-mem)
-  GPUSHARE_UNIT               GiB or MiB (default GiB)
-  GPUSHARE_ANNOTATION_PREFIX  prefix of the intent and allocation annotations (default gpushare.io/)
-  KUBECONFIG                  kubeconfig files separated by ':' (default ~/.kube/config)
-
-exit status: 0 shown, 1 the cluster could not be read (one line says why), 2 bad arguments."""
+Exit status: 0 shown, 1 the cluster could not be read (one line says why), 2 bad arguments or settings."""
 
 
 @dataclass(frozen=True)
@@ -50,8 +52,8 @@ def _timeout(text: str) -> float:
 
 
 def parser() -> argparse.ArgumentParser:
-    out = argparse.ArgumentParser(prog=PROG, description=__doc__, epilog=EPILOG,
-                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+    out = cli.parser(PROG, __doc__ or "", VARIABLES, EPILOG)
+    out.usage = USAGE
     out.add_argument("nodes", nargs="*", metavar="NODE", help="show only these nodes (default: every GPU node)")
     out.add_argument("-d", "--details", action="store_true",
                      help="also list every GPU-share container: namespace, pod, units, state and reason")
@@ -71,15 +73,7 @@ def parser() -> argparse.ArgumentParser:
     out.add_argument("--unit", choices=("GiB", "MiB"), default=None, help="what one unit is (default GPUSHARE_UNIT)")
     out.add_argument("--annotation-prefix", default=None, help="prefix of the gpushare annotations (default "
                      "GPUSHARE_ANNOTATION_PREFIX)")
-    out.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     return out
-
-
-def _version() -> str:
-    try:
-        return metadata.version("gpushare-webhook")
-    except metadata.PackageNotFoundError:
-        return "(not installed)"
 
 
 def options_from(argv: Sequence[str], env: Mapping[str, str]) -> Options:

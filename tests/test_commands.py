@@ -12,6 +12,7 @@ import pytest
 
 from certs.cli import VARIABLES as CERTS_VARIABLES
 from deviceplugin.settings import PLUGIN_VARIABLES
+from kubectlplugin.cli import VARIABLES as KUBECTL_PLUGIN_VARIABLES
 from webhook.cli import Variable
 
 pytestmark = pytest.mark.timeout(60)
@@ -26,7 +27,7 @@ def variables_of(script: str) -> tuple[Variable, ...]:
 
     return {
         "gpushare-webhook": WEBHOOK_VARIABLES, "gpushare-device-plugin": PLUGIN_VARIABLES,
-        "gpushare-certs": CERTS_VARIABLES,
+        "gpushare-certs": CERTS_VARIABLES, "kubectl-gpushare": KUBECTL_PLUGIN_VARIABLES,
     }.get(script, ())
 
 

@@ -91,9 +91,10 @@ def test_bad_arguments_exit_2_and_help_lists_the_settings(tmp_path: Path) -> Non
     assert bad_unit.returncode == 2 and "GPUSHARE_UNIT" in bad_unit.stderr
     shown = run("--help", home=tmp_path).stdout
     for setting in ("GPUSHARE_RESOURCE_NAME", "GPUSHARE_UNIT", "GPUSHARE_ANNOTATION_PREFIX", "KUBECONFIG",
-                    "--kubeconfig", "--context", "--namespace", "--all-namespaces", "exit status"):
+                    "--kubeconfig", "--context", "--namespace", "--all-namespaces", "Exit status"):
         assert setting in shown
-    assert run("--version", home=tmp_path).stdout.startswith("kubectl gpushare ")
+    assert run("--version", home=tmp_path).stdout.startswith("kubectl-gpushare ")
+    assert shown.startswith("usage: kubectl gpushare [NODE ...]")
 
 
 @pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed; `./dev test` installs it where it can")

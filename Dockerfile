@@ -1,5 +1,5 @@
 # One image for the webhook, the device plugin and the certificate tool:
-#   gpushare-webhook, gpushare-device-plugin, gpushare-certs (console scripts on PATH).
+#   gpushare-webhook, gpushare-device-plugin, gpushare-certs (console scripts on PATH), and kubectl-gpushare.
 # Build:  docker build -t REGISTRY/gpushare:0.1.0 .
 # The base is pinned to a patch release; to pin it to a digest as well, build with
 #   --build-arg PYTHON_IMAGE=python:3.11.13-slim-bookworm@sha256:<digest of the image you vetted>
@@ -16,6 +16,7 @@ COPY pyproject.toml README.md LICENSE gunicorn.conf.py /app/
 COPY webhook /app/webhook
 COPY deviceplugin /app/deviceplugin
 COPY certs /app/certs
+COPY kubectlplugin /app/kubectlplugin
 # The project lives at /app (webhook.serve finds gunicorn.conf.py beside its package); the venv points at it.
 RUN /opt/venv/bin/pip install --config-settings editable_mode=compat -e /app \
     && /opt/venv/bin/pip uninstall --yes pip \

@@ -25,10 +25,12 @@ bind = [_settings.bind]
 # Measured in bench/bench_stalled_clients.py against gthread, which 8 stalled clients stop.
 #
 # Worker model, measured with bench/bench_webhook_http.py (wrk, keep-alive TLS, 6 KB Deployment pod, 2 CPUs):
-# - Each process accepts one connection per wake-up (webhook/worker.py), so the API server's kept-alive connections
-#   spread over the processes: the CPU time of a mutate run split 99% / 1% over 2 processes with asyncio's
-#   accept-everything-waiting, 53% / 47% (and 54/46, 63/37) after. So workers = the cores (GPUSHARE_WORKERS,
-#   default 2) is enough; more processes than cores only add memory and context switches.
+# - Each process accepts one connection per wake-up, and one that holds more connections than another lets that one
+#   take the next (webhook/worker.py, webhook/acceptshare.py), so the API server's kept-alive connections spread over
+#   the processes: the CPU time of a mutate run split 99% / 1% over 2 processes with asyncio's
+#   accept-everything-waiting; 51/49 to 68/32 over runs after (100/0 in one run of three under load average 16
+#   with one accept per wake-up alone). So workers = the cores (GPUSHARE_WORKERS, default 2); more processes than
+#   cores only add memory and context switches.
 # - The app runs on the event loop's thread (GPUSHARE_THREADS=0, the default): a review holds the GIL for its whole
 #   ~0.5 ms and never waits on I/O, so app threads add no parallelism, only a hand-off per request and, on every
 #   socket call of the loop, a wait for the GIL. Server CPU per request, 2 processes: /healthz 0.26-0.31 ms on the

@@ -30,6 +30,7 @@ from gunicorn import sock as gunicorn_sock
 from gunicorn.workers import base
 
 from webhook import http1
+from webhook.acceptshare import Shares
 from webhook.settings import from_environ
 
 log = logging.getLogger(__name__)
@@ -37,6 +38,10 @@ log = logging.getLogger(__name__)
 # Between two "connection limit reached" warnings of one process: a flood must not flood the log too.
 _WARN_EVERY = 10.0
 _ERRORS = (OSError, EOFError, asyncio.IncompleteReadError, ssl.SSLError)
+# Made when gunicorn's arbiter loads this worker class, before it forks the workers: all of them share it.
+SHARES = Shares()
+# A process holding more connections than another lets that one accept for this long, then accepts itself.
+_TURN = 0.005
 # After the process ran out of file descriptors (or memory) for a new connection, it accepts again this much later.
 _ACCEPT_PAUSE = 1.0
 # At most this much of a refused, unread body is read and dropped before the connection closes.
@@ -61,6 +66,8 @@ class WebhookWorker(base.Worker):  # type: ignore[misc]  # gunicorn ships no typ
         self.pool: ThreadPoolExecutor | None = None
         self.connections: set[asyncio.Task[None]] = set()
         self._attaching: set[asyncio.Task[None]] = set()
+        self._slot: int | None = None  # this process's entry in SHARES
+        self._deferred = False
         self.busy = 0
         self.quick_exit = False
         self._warned_at = 0.0
@@ -93,9 +100,12 @@ class WebhookWorker(base.Worker):  # type: ignore[misc]  # gunicorn ships no typ
         asyncio.set_event_loop(self.loop)
         if self.app_threads:
             self.pool = ThreadPoolExecutor(max_workers=self.app_threads, thread_name_prefix="webhook-app")
+        self._slot = SHARES.claim(os.getpid())
         try:
             self.loop.run_until_complete(self._serve())
         finally:
+            if self._slot is not None:
+                SHARES.release(self._slot)
             if self.pool is not None:
                 self.pool.shutdown(wait=False, cancel_futures=True)
             self.loop.close()
@@ -128,7 +138,15 @@ class WebhookWorker(base.Worker):  # type: ignore[misc]  # gunicorn ships no typ
         """One connection per wake-up, where asyncio's own server takes up to 100: every process waits on the same
         listening socket, and the API server opens its keep-alive connections in a burst, so taking them one at a
         time lets every process take its share instead of the first one awake taking them all (measured in
-        bench/bench_webhook_http.py: 99% / 1% of the CPU time over two processes before, an even split after)."""
+        bench/bench_webhook_http.py: 99% / 1% of the CPU time over two processes before). On a loaded machine the
+        first process awake may still take them all before the others run, so a process that holds more connections
+        than another (SHARES) first leaves it _TURN to take the next one."""
+        if self._slot is not None and not self._deferred and SHARES.holds_more(self._slot):
+            self._deferred = True
+            self.loop.remove_reader(sock.fileno())
+            self.loop.call_later(_TURN, self._resume, sock)
+            return
+        self._deferred = False
         try:
             conn, _ = sock.accept()
         except (BlockingIOError, InterruptedError, ConnectionAbortedError):
@@ -144,7 +162,20 @@ class WebhookWorker(base.Worker):  # type: ignore[misc]  # gunicorn ships no typ
         conn.setblocking(False)
         task = self.loop.create_task(self._attach(conn))
         self._attaching.add(task)  # held until _accepted has counted the connection
-        task.add_done_callback(self._attaching.discard)
+        task.add_done_callback(self._attached)
+        self._publish()
+
+    def _attached(self, task: asyncio.Task[None]) -> None:
+        self._attaching.discard(task)
+        self._publish()
+
+    def _closed(self, task: asyncio.Task[None]) -> None:
+        self.connections.discard(task)
+        self._publish()
+
+    def _publish(self) -> None:
+        if self._slot is not None:
+            SHARES.publish(self._slot, len(self.connections) + len(self._attaching))
 
     def _resume(self, sock: socket.socket) -> None:
         if self.alive:
@@ -175,7 +206,7 @@ class WebhookWorker(base.Worker):  # type: ignore[misc]  # gunicorn ships no typ
             return
         task = self.loop.create_task(self._connection(reader, writer))
         self.connections.add(task)
-        task.add_done_callback(self.connections.discard)
+        task.add_done_callback(self._closed)
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         client = _peer(writer)

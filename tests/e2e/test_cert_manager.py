@@ -38,6 +38,7 @@ NS = gpushare.NAMESPACE
 SERVING = "gpushare-webhook"  # the serving Certificate, its Secret is gpushare-webhook-tls
 ISSUING_CA = "gpushare-ca"
 CONFIGS = ("mutatingwebhookconfiguration", "validatingwebhookconfiguration")
+LOAD_LABEL = "gpushare-e2e"
 # What `gpushare-certs install` made for the self-signed install this cluster started with; a cluster that
 # never had gpushare has none of them.
 SELF_SIGNED_STATE = (("secret", "gpushare-webhook-tls"), ("secret", "gpushare-webhook-ca"),
@@ -127,7 +128,8 @@ class Load:
     failed: list[str] = field(default_factory=list)
 
     def body(self) -> dict[str, Any]:
-        p = workloads.pod(f"load-{uuid.uuid4().hex[:8]}", [workloads.container("main", "busybox", 2)])
+        p = workloads.pod(f"load-{uuid.uuid4().hex[:8]}", [workloads.container("main", "busybox", 2)],
+                          labels={LOAD_LABEL: "load"})
         # Admitted and stored, never scheduled: the test is about admission, and the node's GPUs stay free.
         p["spec"]["schedulingGates"] = [{"name": "gpushare.io/e2e-admission-only"}]
         return p
@@ -151,6 +153,13 @@ class Load:
     def __exit__(self, *_: object) -> None:
         self.stop.set()
         self.thread.join(timeout=30)
+
+
+def delete_load(cluster: Cluster, namespace: str) -> None:
+    """One delete-collection call for every load pod (hundreds: a pod-by-pod delete would take minutes)."""
+    admin = Rest(cluster.server, cluster.pki_dir / "ca.crt",
+                 client=(cluster.pki_dir / "admin.crt", cluster.pki_dir / "admin.key"), timeout=120)
+    admin.call("DELETE", f"/api/v1/namespaces/{namespace}/pods?labelSelector={LOAD_LABEL}%3Dload")
 
 
 @pytest.fixture(scope="module")
@@ -219,18 +228,21 @@ def test_rotation_under_load_fails_no_admission(cert_managed: Cluster, namespace
     before = served(port)
     bundles = ca_bundles(kubectl)
     issuing_before = secret(kubectl, "gpushare-webhook-ca")["tls.crt"]
-    with Load(tenant_rest, namespace) as load:
-        workloads.wait("pods to be created", lambda: load.created >= 5, 60, 0.2)
-        renew(kubectl, rotated)
-        if rotated == ISSUING_CA:
-            workloads.wait("the new issuing CA", lambda: secret(kubectl, "gpushare-webhook-ca")["tls.crt"]
-                           != issuing_before, 120)
-            # Serving certificates are not re-issued when their issuer changes; the next renewal uses the new CA.
-            renew(kubectl, SERVING)
-        workloads.wait("the webhook to serve the renewed certificate",
-                       lambda: served(port).serial_number != before.serial_number, 180)
-        created_at_switch = load.created
-        workloads.wait("more pods after the switch", lambda: load.created >= created_at_switch + 30, 120, 0.2)
+    try:
+        with Load(tenant_rest, namespace) as load:
+            workloads.wait("pods to be created", lambda: load.created >= 5, 60, 0.2)
+            renew(kubectl, rotated)
+            if rotated == ISSUING_CA:
+                workloads.wait("the new issuing CA", lambda: secret(kubectl, "gpushare-webhook-ca")["tls.crt"]
+                               != issuing_before, 120)
+                # Serving certificates are not re-issued when their issuer changes; the next renewal uses the new CA.
+                renew(kubectl, SERVING)
+            workloads.wait("the webhook to serve the renewed certificate",
+                           lambda: served(port).serial_number != before.serial_number, 180)
+            created_at_switch = load.created
+            workloads.wait("more pods after the switch", lambda: load.created >= created_at_switch + 30, 120, 0.2)
+    finally:
+        delete_load(cert_managed, namespace)
     after = served(port)
     tls = secret(kubectl, "gpushare-webhook-tls")
     print(f"\nrotation of {rotated}: {load.created} pods created, {len(load.failed)} failed admissions; "

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from tests.webhook.pods import container, pod, review
-from webhook.review import API_VERSION, KIND, MalformedReview, parse_review, respond, username
+from webhook.review import API_VERSION, KIND, MAX_DEPTH, MalformedReview, parse_review, respond, username
 
 LIMIT = 1 << 20
 
@@ -90,8 +90,10 @@ CONFUSED = [
         (broken(operation="UPDATE"), "UPDATE without oldObject"),
         (body(review("CREATE", {"spec": {}}, namespace="")), "names no namespace"),
         (b" " * (LIMIT + 1), "over the 1048576-byte limit"),
-        (b"[" * 100_000 + b"]" * 100_000, "nests deeper than 64 levels"),
-        (body(review("CREATE", nested(65))), "nests deeper than 64 levels"),
+        (b"[" * 100_000 + b"]" * 100_000, f"nests deeper than {MAX_DEPTH} levels"),
+        # review -> request -> object -> extra adds 4 levels to nested()'s own
+        (body(review("CREATE", nested(MAX_DEPTH - 3))), f"nests deeper than {MAX_DEPTH} levels"),
+        (body(review("CREATE", nested(500))), f"nests deeper than {MAX_DEPTH} levels"),
         (b'{"a": ' + b"9" * 5000 + b"}", "the request body is not JSON"),
         *[(body(review("CREATE", obj)), fragment) for obj, fragment in CONFUSED],
         (body(review("UPDATE", pod(), {"metadata": []})), "oldObject is not a core/v1 Pod: metadata is list"),
@@ -102,6 +104,10 @@ def test_malformed_reviews_say_what_is_wrong_on_one_line(raw: bytes, fragment: s
         parse_review(raw, LIMIT)
     assert fragment in str(caught.value)
     assert "\n" not in str(caught.value)
+
+
+def test_a_body_exactly_as_deep_as_the_limit_is_read() -> None:
+    assert parse_review(body(review("CREATE", nested(MAX_DEPTH - 4))), LIMIT)["object"]["extra"]
 
 
 def test_parse_keeps_what_the_webhook_reads() -> None:

@@ -5,7 +5,9 @@ Starts the real server (gunicorn.conf.py, our asyncio worker, development certif
 on a free 127.0.0.1 port and posts a realistic ~6 KB Deployment pod review (bench/workload.py) to /mutate. The
 baseline, measured against the same server in the same run, is GET /healthz: what the server costs by itself.
 Also shown: how the CPU time of the mutate run spread over the worker processes (keep-alive connections stay on
-the process that accepted them). Exits 1 when a target is missed, 2 when wrk is missing (./dev bench installs it).
+the process that accepted them), and a floor measured the same way: bench/floor_app.py served by the same server,
+whose /mutate does only what no signing mutate can skip (parse the review, sign an intent, send as large an answer).
+Exits 1 when a target is missed, 2 when wrk is missing (./dev bench installs it).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from bench.workload import create_review, deployment_pod
 from webhook.serve import GUNICORN_CONF, prepare_dev
 
 TARGETS = {"ratio": 0.75, "p99_ms": 3.0, "rps": 1500.0}
+FLOOR_APP = "bench.floor_app:create_floor_app()"
 _UNITS = {"us": 0.001, "ms": 1.0, "s": 1000.0}
 _TICK_MS = 1000 / os.sysconf("SC_CLK_TCK")
 
@@ -105,7 +108,8 @@ def cpu_of(workers: list[int], run: Callable[[], Run]) -> tuple[Run, float, list
     return result, sum(spent) * _TICK_MS / max(result.requests, 1), spent
 
 
-def measure(tmp: Path, args: argparse.Namespace) -> Figures:
+def measure(tmp: Path, args: argparse.Namespace, app: str | None = None) -> Figures:
+    """The figures of one server: the webhook, or `app` (a gunicorn app URI) served with the same settings."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUSHARE_")}
     prepare_dev(tmp / "certs", env)
     port = free_port()
@@ -123,8 +127,8 @@ def measure(tmp: Path, args: argparse.Namespace) -> Figures:
         f'local f = io.open("{body}", "rb")\nwrk.body = f:read("*a")\nf:close()\n'
     )
     with open(tmp / "server.log", "wb") as log:
-        server = subprocess.Popen([sys.executable, "-m", "gunicorn", "-c", str(GUNICORN_CONF)], env=env,
-                                  stdout=log, stderr=log)
+        server = subprocess.Popen([sys.executable, "-m", "gunicorn", "-c", str(GUNICORN_CONF), *([app] if app else [])],
+                                  env=env, stdout=log, stderr=log)
     try:
         wait_ready(port)
         base = f"https://127.0.0.1:{port}"
@@ -155,6 +159,9 @@ def main() -> int:
     load = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="gpushare-bench-") as tmp:
         f = measure(Path(tmp), args)
+    with tempfile.TemporaryDirectory(prefix="gpushare-bench-") as tmp:
+        floor = measure(Path(tmp), args, FLOOR_APP)
+    floor_ratio = floor.mutate.rps / floor.health.rps
     ratio = f.mutate.rps / f.health.rps
     total = sum(f.spent) or 1
     spread = " / ".join(f"{100 * t / total:.0f}%" for t in sorted(f.spent, reverse=True))
@@ -176,6 +183,11 @@ def main() -> int:
         ("/healthz server CPU ms per request", f"{f.health_cpu_ms:.2f}", "", True),
         ("/mutate server CPU ms per request", f"{f.mutate_cpu_ms:.2f}", "", True),
         ("healthz / mutate CPU per request", f"{f.health_cpu_ms / f.mutate_cpu_ms:.2f}", "", True),
+        # The floor: the same server and framework doing only what no signing mutate can skip (bench/floor_app.py).
+        ("floor: parse, sign, same-size answer req/s", f"{floor.mutate.rps:,.0f}", "", True),
+        ("floor / its own /healthz throughput", f"{floor_ratio:.2f}", "", True),
+        ("floor server CPU ms per request", f"{floor.mutate_cpu_ms:.2f}", "", True),
+        ("/mutate CPU over the floor's, ms per request", f"{f.mutate_cpu_ms - floor.mutate_cpu_ms:.2f}", "", True),
     ]
     for name, value, target, met in rows:
         print(f"{name:<40} {value:>12} {target:>12} {'' if met else 'MISSED'}")

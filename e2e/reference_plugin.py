@@ -24,7 +24,7 @@ import sys
 import threading
 import time
 import urllib.parse
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from concurrent import futures
 from pathlib import Path
 from types import FrameType
@@ -37,7 +37,8 @@ from deviceplugin.inventory import Gpu, InventoryError, fake_gpus
 from deviceplugin.kubelet import RestartWatch, register
 from e2e.extender import Api
 from e2e.kube import KubeError, Rest
-from e2e.refalloc import Decision, assigned_patch, container_envs, decide, no_gpu
+from e2e.refalloc import Decision, assigned_patch, decide, no_gpu
+from e2e.refservice import ReferenceService
 from webhook.protocol import DEFAULT_RESOURCE
 
 log = logging.getLogger("e2e.reference_plugin")
@@ -48,16 +49,13 @@ LIST_RETRIES = 3  # podmanager.go, getPodListsByListAPIServer: three more tries,
 RPC_TIMEOUT = 10.0
 
 
-class ReferencePlugin(deviceplugin_pb2_grpc.DevicePluginServicer):
+class ReferencePlugin(ReferenceService):
     def __init__(self, node: str, gpus: Sequence[Gpu], api: Api, plugin_dir: Path, unit: str = "GiB") -> None:
+        super().__init__(gpus, unit)
         self.node = node
-        self.gpus = tuple(sorted(gpus, key=lambda g: g.index))
         self.api = api
         self.plugin_dir = plugin_dir
-        self.unit = unit
         self.socket = plugin_dir / SOCKET_NAME
-        self._lock = threading.Lock()  # allocate.go holds the plugin's mutex for the whole Allocate
-        self._stop = threading.Event()
         self._server: grpc.Server | None = None
         self._serve_lock = threading.Lock()
         self._watch: RestartWatch | None = None
@@ -106,29 +104,9 @@ class ReferencePlugin(deviceplugin_pb2_grpc.DevicePluginServicer):
         with contextlib.suppress(FileNotFoundError):
             self.socket.unlink()
 
-    # -- the DevicePlugin service ------------------------------------------------------------------------
+    # -- Allocate: the API server's view, and the log --------------------------------------------------
 
-    def GetDevicePluginOptions(self, request: dp.Empty, context: grpc.ServicerContext) -> dp.DevicePluginOptions:
-        return dp.DevicePluginOptions()
-
-    def ListAndWatch(self, request: dp.Empty, context: grpc.ServicerContext) -> Iterator[dp.ListAndWatchResponse]:
-        devices = [dp.Device(ID=d, health="Healthy") for gpu in self.gpus for d in gpu.device_ids()]
-        yield dp.ListAndWatchResponse(devices=devices)
-        while context.is_active() and not self._stop.wait(0.5):
-            pass
-
-    def PreStartContainer(self, request: dp.PreStartContainerRequest,
-                          context: grpc.ServicerContext) -> dp.PreStartContainerResponse:
-        return dp.PreStartContainerResponse()
-
-    def Allocate(self, request: dp.AllocateRequest, context: grpc.ServicerContext) -> dp.AllocateResponse:
-        pod_units = sum(len(r.devices_ids) for r in request.container_requests)
-        with self._lock:
-            decision = self._decide(pod_units)
-        out = dp.AllocateResponse()
-        for req in request.container_requests:
-            envs = container_envs(decision, pod_units, len(req.devices_ids), self.gpus[0].memory_units)
-            out.container_responses.append(dp.ContainerAllocateResponse(envs=envs))
+    def answered(self, decision: Decision, pod_units: int, response: dp.AllocateResponse) -> None:
         if decision.made_up:
             log.warning("Allocate of %s %s: %s; answered NVIDIA_VISIBLE_DEVICES=%s", pod_units, self.unit,
                         decision.why, decision.visible)
@@ -136,7 +114,6 @@ class ReferencePlugin(deviceplugin_pb2_grpc.DevicePluginServicer):
             meta = (decision.pod or {}).get("metadata") or {}
             log.info("Allocate of %s %s: guessed pod %s/%s, GPU %s (%s)", pod_units, self.unit,
                      meta.get("namespace"), meta.get("name"), decision.index, decision.visible)
-        return out
 
     def _pending_pods(self) -> list[dict[str, object]]:
         selector = urllib.parse.quote(f"spec.nodeName={self.node},status.phase=Pending")
@@ -150,7 +127,7 @@ class ReferencePlugin(deviceplugin_pb2_grpc.DevicePluginServicer):
                 time.sleep(1)
         return []
 
-    def _decide(self, pod_units: int) -> Decision:
+    def decide(self, pod_units: int) -> Decision:
         try:
             pods = self._pending_pods()
         except (KubeError, OSError) as exc:

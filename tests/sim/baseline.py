@@ -1,9 +1,10 @@
 """The reference plugin's Allocate algorithm, for the simulation only: it guesses the pod, and that is the bug.
 
-The decision is e2e.refalloc's (shared with the reference-algorithm plugin of the real-cluster tier, which cites
-AliyunContainerService/gpushare-device-plugin's allocate.go, podmanager.go and podutils.go); this module is the
-simulated node's transport for it. No PreStartContainer; re-registers when the kubelet socket is recreated (the
-reference uses fsnotify).
+The decision is e2e.refalloc's and the DevicePlugin service e2e.refservice's, both shared with the
+reference-algorithm plugin of the real-cluster tier (which cites AliyunContainerService/gpushare-device-plugin's
+allocate.go, podmanager.go and podutils.go); this module is the simulated node's transport for them: it lists the
+simulated API server's pods, and registers again when the kubelet socket is recreated (the reference uses
+fsnotify).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from concurrent import futures
 
 import grpc
@@ -21,7 +22,8 @@ import grpc
 from deviceplugin.api import deviceplugin_pb2 as dp
 from deviceplugin.api import deviceplugin_pb2_grpc
 from deviceplugin.inventory import Gpu
-from e2e.refalloc import Decision, app_units, assigned_patch, candidates, container_envs, decide, no_gpu
+from e2e.refalloc import Decision, app_units, assigned_patch, candidates, decide, no_gpu
+from e2e.refservice import ReferenceService
 from tests.sim.ports import ApiError, PodApi
 from webhook.protocol import DEFAULT_RESOURCE
 
@@ -30,21 +32,20 @@ __all__ = ["BaselinePlugin", "app_units", "candidates"]
 log = logging.getLogger(__name__)
 
 
-class BaselinePlugin(deviceplugin_pb2_grpc.DevicePluginServicer):
+class BaselinePlugin(ReferenceService):
     """A device plugin speaking the kubelet protocol over a unix socket, with the reference plugin's Allocate."""
+
+    list_and_watch_poll = 0.2
 
     def __init__(self, node: str, plugin_dir: str, gpus: Sequence[Gpu], api: PodApi, *, unit: str = "GiB",
                  resource: str = DEFAULT_RESOURCE, endpoint: str = "gpushare-baseline.sock") -> None:
+        super().__init__(gpus, unit)
         self.node = node
         self.plugin_dir = plugin_dir
-        self.gpus = tuple(sorted(gpus, key=lambda g: g.index))
         self.api = api
-        self.unit = unit
         self.resource = resource
         self.endpoint = endpoint
         self.responses: list[dp.ContainerAllocateResponse] = []
-        self._alloc_lock = threading.Lock()
-        self._stop = threading.Event()
         self._server: grpc.Server | None = None
         self._watcher: threading.Thread | None = None
 
@@ -93,50 +94,26 @@ class BaselinePlugin(deviceplugin_pb2_grpc.DevicePluginServicer):
                     log.info("baseline plugin on %s: registration failed (%s); retrying", self.node, exc)
                     self._stop_server()
 
-    # -- the DevicePlugin service ------------------------------------------------------------------------
+    # -- Allocate: the simulated API server's view --------------------------------------------------------
 
-    def GetDevicePluginOptions(self, request: dp.Empty, context: grpc.ServicerContext) -> dp.DevicePluginOptions:
-        return dp.DevicePluginOptions()
-
-    def ListAndWatch(self, request: dp.Empty, context: grpc.ServicerContext) -> Iterator[dp.ListAndWatchResponse]:
-        devices = [dp.Device(ID=d, health="Healthy") for gpu in self.gpus for d in gpu.device_ids()]
-        yield dp.ListAndWatchResponse(devices=devices)
-        while context.is_active() and not self._stop.wait(0.2):
-            pass
-
-    def PreStartContainer(self, request: dp.PreStartContainerRequest, context: grpc.ServicerContext
-                   ) -> dp.PreStartContainerResponse:
-        return dp.PreStartContainerResponse()
-
-    def _answer(self, request: dp.AllocateRequest, decision: Decision, pod_units: int) -> dp.AllocateResponse:
-        out = dp.AllocateResponse()
-        for req in request.container_requests:
-            envs = container_envs(decision, pod_units, len(req.devices_ids), self.gpus[0].memory_units)
-            out.container_responses.append(dp.ContainerAllocateResponse(envs=envs))
-        return out
-
-    def Allocate(self, request: dp.AllocateRequest, context: grpc.ServicerContext) -> dp.AllocateResponse:
-        pod_units = sum(len(r.devices_ids) for r in request.container_requests)
-        response = self._answer(request, self._decide(pod_units), pod_units)
+    def answered(self, decision: Decision, pod_units: int, response: dp.AllocateResponse) -> None:
         self.responses.extend(response.container_responses)
-        return response
 
-    def _decide(self, pod_units: int) -> Decision:
-        with self._alloc_lock:
+    def decide(self, pod_units: int) -> Decision:
+        try:
+            pods, _ = self.api.list_pods(node=self.node)
+        except ApiError as exc:
+            return no_gpu(pod_units, self.unit, f"listing pods failed: {exc}")
+        decision = decide(pods, self.node, pod_units, self.gpus, resource=self.resource, unit=self.unit)
+        if decision.pod is None:
+            if decision.made_up:
+                log.info("baseline plugin on %s: %s", self.node, decision.why)
+            return decision
+        meta = decision.pod["metadata"]
+        for _ in range(2):  # the reference retries once on an optimistic-lock error
             try:
-                pods, _ = self.api.list_pods(node=self.node)
-            except ApiError as exc:
-                return no_gpu(pod_units, self.unit, f"listing pods failed: {exc}")
-            decision = decide(pods, self.node, pod_units, self.gpus, resource=self.resource, unit=self.unit)
-            if decision.pod is None:
-                if decision.made_up:
-                    log.info("baseline plugin on %s: %s", self.node, decision.why)
+                self.api.patch_pod(meta["namespace"], meta["name"], assigned_patch(time.time_ns()))
                 return decision
-            meta = decision.pod["metadata"]
-            for _ in range(2):  # the reference retries once on an optimistic-lock error
-                try:
-                    self.api.patch_pod(meta["namespace"], meta["name"], assigned_patch(time.time_ns()))
-                    return decision
-                except ApiError:
-                    continue
-            return no_gpu(pod_units, self.unit, f"marking pod {meta['namespace']}/{meta['name']} assigned failed")
+            except ApiError:
+                continue
+        return no_gpu(pod_units, self.unit, f"marking pod {meta['namespace']}/{meta['name']} assigned failed")

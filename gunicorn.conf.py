@@ -99,6 +99,13 @@ def when_ready(server: Any) -> None:
     server.log.info("Serving Prometheus metrics on http://%s:%s/metrics", host, metrics.port)
 
 
+def post_worker_init(worker: Any) -> None:
+    """The worker has loaded the app: full collections skip everything it made so far (webhook/heap.py)."""
+    from webhook import heap
+
+    heap.freeze_start_up()
+
+
 def child_exit(server: Any, worker: Any) -> None:
     from webhook.metrics import worker_exited
 

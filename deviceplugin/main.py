@@ -38,7 +38,7 @@ from deviceplugin.owners import Holdings
 from deviceplugin.server import OPTIONS, DevicePluginServicer, serve
 from deviceplugin.service import Service
 from deviceplugin.settings import PLUGIN_VARIABLES, PluginSettings
-from webhook import cli, logsetup
+from webhook import cli, heap, logsetup
 from webhook.settings import SettingsError
 from webhook.signing import SigningKeyError, load_public_key
 
@@ -223,6 +223,7 @@ def run(settings: PluginSettings, stop_event: threading.Event) -> int:
         log.error("The device plugin cannot start: %s.", " ".join(str(exc).split()))
         plugin.stop()
         return 2
+    heap.freeze_start_up()  # full collections now skip everything start-up made (webhook/heap.py)
     try:
         stop_event.wait()
     finally:

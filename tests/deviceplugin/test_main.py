@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -66,6 +68,7 @@ def test_run_serves_registers_and_cleans_up(tmp_path_factory: pytest.TempPathFac
     kubelet.start()
     stop = threading.Event()
     codes: list[int] = []
+    gc.unfreeze()
     runner = threading.Thread(target=lambda: codes.append(run(settings, stop)))
     runner.start()
     try:
@@ -74,7 +77,12 @@ def test_run_serves_registers_and_cleans_up(tmp_path_factory: pytest.TempPathFac
         kubelet.plugin()
         assert len(kubelet.wait_lists(1)) == 16
         assert os.path.exists(settings.socket_path)
+        until = time.monotonic() + 10
+        while not gc.get_freeze_count() and time.monotonic() < until:  # run() freezes once start() has returned
+            time.sleep(0.01)
+        assert gc.get_freeze_count() > 0
     finally:
+        gc.unfreeze()
         kubelet.close_plugin_channel()
         stop.set()
         runner.join(timeout=30)

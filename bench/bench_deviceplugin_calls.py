@@ -3,7 +3,9 @@
 Run: .venv/bin/python -m bench.bench_deviceplugin_calls [--sizes 8,110,800] [--samples 200]
 The real plugin (deviceplugin.main.Plugin, its kubernetes-client adapter and pod watch) runs against the test API
 server of tests/sim over HTTPS, which here waits 1-5 ms (uniform) before answering each request, and against the
-test kubelet over real unix sockets (PodResources Get on, as in Kubernetes 1.34). The node is filled with running,
+test kubelet over real unix sockets (PodResources Get on, as in Kubernetes 1.34). The API server runs in a process
+of its own, as in a cluster: the plugin's process holds what a plugin's does, plus the test kubelet and this
+client, and freezes its start-up heap as the plugin's run() does (webhook/heap.py). The node is filled with running,
 allocated pods; then new pods are created one at a time and the kubelet's calls for each are timed: Allocate (its
 GetPreferredAllocation not counted) and PreStartContainer (resolution, validation, a GET and a PATCH of the pod).
 Baselines measured in the same run: GetDevicePluginOptions (a gRPC round trip that decides nothing) and a GET of a
@@ -16,6 +18,7 @@ import argparse
 import json
 import random
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -26,7 +29,6 @@ from typing import Any
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
-import tests.sim.apiserver as sim
 from deviceplugin.api import deviceplugin_pb2 as pb
 from deviceplugin.inventory import fake_gpus
 from deviceplugin.main import Plugin
@@ -34,22 +36,13 @@ from deviceplugin.resolve import slot_of
 from deviceplugin.settings import settings_from
 from tests.deviceplugin.fakes import assign, spec_pod, stamped
 from tests.deviceplugin.kubelet_sim import TestKubelet
-from tests.sim.handler import Handler
+from tests.sim.client import SimClient
+from webhook import heap
 from webhook.protocol import ASSIGNED, Allocation, ContainerSlot, Contract
 
 NODE = "bench-node"
 GPUS = "8x128GiB"
 TARGETS = {"allocate_p99_ms": 5.0, "prestart_p99_ms": 50.0, "flat": 1.5}
-
-
-class SlowHandler(Handler):
-    """The test API server's handler, answering 1-5 ms late like an API server across a network (watches and
-    their events are not delayed: they stream)."""
-
-    def _dispatch(self, method: str) -> None:
-        if "watch=" not in self.path:
-            time.sleep(random.uniform(0.001, 0.005))
-        super()._dispatch(method)
 
 
 def p(values: list[float], q: float) -> float:
@@ -63,14 +56,69 @@ def timed(call: Callable[[], object]) -> float:
     return time.perf_counter() - begin
 
 
-class Node:
-    """One node: the slow API server, the test kubelet and the real plugin, and the pods on it."""
+def serve_api(ready: Path) -> None:
+    """The API server process: serve until the parent closes our stdin; `ready` gets its URL, CA and admin token.
+
+    Imported here only: the API server's modules (its admission chain with a CEL interpreter) have no place in the
+    measured process, whose heap should be what a plugin's is."""
+    import tests.sim.apiserver as sim
+    from tests.sim.handler import Handler
+
+    class SlowHandler(Handler):
+        """The test API server's handler, answering 1-5 ms late like an API server across a network (watches and
+        their events are not delayed: they stream)."""
+
+        def _dispatch(self, method: str) -> None:
+            if "watch=" not in self.path:
+                time.sleep(random.uniform(0.001, 0.005))
+            super()._dispatch(method)
+
+    vars(sim)["Handler"] = SlowHandler  # ApiServer.start builds its handler class from this module name
+    api = sim.ApiServer(deletion="immediate").start()
+    try:
+        api.client().create("nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
+        api.write_kubeconfig(ready.with_suffix(".kubeconfig"))
+        ready.with_suffix(".tmp").write_text(json.dumps({"url": api.url, "token": api.admin_token,
+                                                         "ca": api.ca_pem.decode()}))
+        ready.with_suffix(".tmp").rename(ready)
+        sys.stdin.read()
+    finally:
+        api.stop()
+
+
+class ApiProcess:
+    """The test API server in a child process, stopped by its PID."""
 
     def __init__(self, tmp: Path) -> None:
-        vars(sim)["Handler"] = SlowHandler  # ApiServer.start builds its handler class from this module name
-        self.api = sim.ApiServer(deletion="immediate").start()
-        self.admin = self.api.client()
-        self.admin.create("nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
+        ready = tmp / "api.json"
+        self.process = subprocess.Popen([sys.executable, "-m", "bench.bench_deviceplugin_calls", "--serve-api",
+                                         str(ready)], stdin=subprocess.PIPE)
+        until = time.monotonic() + 60
+        while not ready.exists():
+            if self.process.poll() is not None or time.monotonic() > until:
+                self.stop()
+                raise SystemExit("the test API server process did not start; see its output above")
+            time.sleep(0.05)
+        info = json.loads(ready.read_text())
+        self.kubeconfig = ready.with_suffix(".kubeconfig")
+        self.admin = SimClient(info["url"], info["token"], info["ca"].encode())
+
+    def stop(self) -> None:
+        if self.process.stdin is not None:
+            self.process.stdin.close()
+        try:
+            self.process.wait(10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+class Node:
+    """One node: the slow API server (its own process), the test kubelet and the real plugin, and the pods on it."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.api = ApiProcess(tmp)
+        self.admin = self.api.admin
         self.signer = Ed25519PrivateKey.generate()
         public = tmp / "verify.pub"
         public.write_bytes(self.signer.public_key().public_bytes(Encoding.PEM, PublicFormat.SubjectPublicKeyInfo))
@@ -86,11 +134,12 @@ class Node:
             "GPUSHARE_DEVICE_PLUGIN_DIR": str(tmp / "dp"), "GPUSHARE_POD_RESOURCES_SOCKET": str(tmp / "pr.sock"),
             "GPUSHARE_KUBELET_CHECKPOINT": str(tmp / "dp" / "kubelet_internal_checkpoint"),
             "GPUSHARE_CDI_DIR": str(tmp / "cdi"), "GPUSHARE_FAKE_GPU_DIR": str(tmp / "fake-gpus"),
-            "GPUSHARE_KUBECONFIG": str(self.api.write_kubeconfig(tmp / "kubeconfig")),
+            "GPUSHARE_KUBECONFIG": str(self.api.kubeconfig),
             "GPUSHARE_MAX_DEVICES": "100000", "GPUSHARE_LOG_LEVEL": "WARNING",
         })
         self.plugin = Plugin(settings)
         self.plugin.start()
+        heap.freeze_start_up()  # as deviceplugin.main.run does once the plugin has started
         self.kubelet.wait_registrations(1)
         self.stub = self.kubelet.plugin()
         self.kubelet.wait_lists(1)
@@ -162,7 +211,11 @@ def main() -> int:
     # 200 new pods per size, so the p99 is the 99th percentile: of 40 it was the slowest call, a single stall of the
     # machine (the gRPC round trip that decides nothing had p99 of 2-4 ms in the same runs).
     parser.add_argument("--samples", type=int, default=200)
+    parser.add_argument("--serve-api", type=Path, help=argparse.SUPPRESS)  # the API server's own process
     args = parser.parse_args()
+    if args.serve_api is not None:
+        serve_api(args.serve_api)
+        return 0
     sizes = [int(s) for s in args.sizes.split(",")]
     rows: dict[int, dict[str, list[float]]] = {}
     with tempfile.TemporaryDirectory(prefix="gpb-", dir="/tmp") as tmp:

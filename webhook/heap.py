@@ -13,8 +13,8 @@ def freeze_start_up() -> None:
     as the process, yet each full collection walked all of it, stopping every thread meanwhile: 51-54 ms on 2 CPUs
     for a started plugin, in the middle of whatever kubelet call was running (bench/bench_deviceplugin_calls.py's
     process: 57-89 ms). Frozen, a full collection walks only what came after: 0.2 ms at 8 pods on the node, 2-6 ms
-    at 800. The frozen objects are never freed, which is what they were
-    going to be anyway. (The gc module's documentation gives the same advice for a server that forks its workers.)
+    at 800. The frozen objects are never freed, which is what they were going to be anyway. (The gc module's
+    documentation gives the same advice for a server that forks its workers.)
     """
     gc.collect()
     gc.freeze()

@@ -1,7 +1,9 @@
 /*
  * A fake libnvidia-ml.so.1: the part of the NVML C API that nvidia-ml-py (our plugin's inventory and XID
- * watch) and github.com/NVIDIA/go-nvml (which dlopens this library and resolves the versioned symbols such as
- * nvmlInit_v2 at load time) call, answering for GPUs described by an environment variable.
+ * watch), github.com/NVIDIA/go-nvml (which dlopens this library and resolves the versioned symbols such as
+ * nvmlInit_v2 at load time) and the reference device plugin's gpu-monitoring-tools bindings (which dlopen it
+ * RTLD_GLOBAL and leave their calls to the dynamic loader, resolved lazily) call, answering for GPUs described by
+ * an environment variable.
  *
  * It models the real library's contract as nvml.h (go-nvml v0.13.4-1, pkg/nvml/nvml.h) states it: reference
  * counted init/shutdown, NVML_ERROR_UNINITIALIZED before init, NVML_ERROR_INVALID_ARGUMENT for a bad index,
@@ -348,6 +350,44 @@ EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t device, nvmlPciInfo_t *
 }
 EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v2(nvmlDevice_t d, nvmlPciInfo_t *p) { return nvmlDeviceGetPciInfo_v3(d, p); }
 EXPORT nvmlReturn_t nvmlDeviceGetPciInfo(nvmlDevice_t d, nvmlPciInfo_t *p) { return nvmlDeviceGetPciInfo_v3(d, p); }
+
+/* -- what a fake GPU does not support ---------------------------------------------------------------------- */
+/* Queries the reference device plugin's NVML bindings make for every GPU at start-up (gpu-monitoring-tools,
+ * NewDevice): answered as the real library answers a GPU without the feature, after the same argument checks.
+ * The bindings read NOT_SUPPORTED as "unknown" and go on. */
+
+typedef struct { unsigned long long bar1Total, bar1Free, bar1Used; } nvmlBAR1Memory_t;
+enum { NVML_CLOCK_COUNT = 4 }; /* nvmlClockType_t: GRAPHICS, SM, MEM, VIDEO */
+
+static nvmlReturn_t unsupported(nvmlDevice_t device, const void *out) {
+    nvmlReturn_t result = check_device(device);
+    if (result != NVML_SUCCESS) return result;
+    if (out == NULL) return NVML_ERROR_INVALID_ARGUMENT;
+    return NVML_ERROR_NOT_SUPPORTED;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetPowerManagementLimit(nvmlDevice_t device, unsigned int *limit) {
+    return unsupported(device, limit);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetBAR1MemoryInfo(nvmlDevice_t device, nvmlBAR1Memory_t *bar1) {
+    return unsupported(device, bar1);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetMaxPcieLinkGeneration(nvmlDevice_t device, unsigned int *generation) {
+    return unsupported(device, generation);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetMaxPcieLinkWidth(nvmlDevice_t device, unsigned int *width) {
+    return unsupported(device, width);
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetMaxClockInfo(nvmlDevice_t device, int type, unsigned int *clock) {
+    nvmlReturn_t result = check_device(device);
+    if (result != NVML_SUCCESS) return result;
+    if (type < 0 || type >= NVML_CLOCK_COUNT) return NVML_ERROR_INVALID_ARGUMENT;
+    return unsupported(device, clock);
+}
 
 /* -- events ------------------------------------------------------------------------------------------------ */
 

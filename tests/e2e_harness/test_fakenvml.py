@@ -116,6 +116,37 @@ def test_errors_are_the_real_librarys() -> None:
     }
 
 
+UNSUPPORTED = """
+import ctypes, json
+lib = ctypes.CDLL("libnvidia-ml.so.1")
+handle, value, bar1 = ctypes.c_void_p(), ctypes.c_uint(), (ctypes.c_ulonglong * 3)()
+calls = {
+    "nvmlDeviceGetPowerManagementLimit": lambda h, out: lib.nvmlDeviceGetPowerManagementLimit(h, out),
+    "nvmlDeviceGetBAR1MemoryInfo": lambda h, out: lib.nvmlDeviceGetBAR1MemoryInfo(h, None if out is None else bar1),
+    "nvmlDeviceGetMaxPcieLinkGeneration": lambda h, out: lib.nvmlDeviceGetMaxPcieLinkGeneration(h, out),
+    "nvmlDeviceGetMaxPcieLinkWidth": lambda h, out: lib.nvmlDeviceGetMaxPcieLinkWidth(h, out),
+    "nvmlDeviceGetMaxClockInfo SM": lambda h, out: lib.nvmlDeviceGetMaxClockInfo(h, 1, out),
+    "nvmlDeviceGetMaxClockInfo MEM": lambda h, out: lib.nvmlDeviceGetMaxClockInfo(h, 2, out),
+}
+out = {name: [call(handle, ctypes.byref(value))] for name, call in calls.items()}
+lib.nvmlInit_v2()
+lib.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(handle))
+for name, call in calls.items():
+    out[name] += [call(ctypes.c_void_p(8), ctypes.byref(value)), call(handle, None), call(handle, ctypes.byref(value))]
+out["clock_type"] = [lib.nvmlDeviceGetMaxClockInfo(handle, t, ctypes.byref(value)) for t in (-1, 0, 3, 4)]
+print(json.dumps(out))
+"""
+
+
+def test_what_a_fake_gpu_does_not_support_is_not_supported_after_the_argument_checks() -> None:
+    # The reference device plugin's bindings ask each of these for every GPU at start-up.
+    out = run_python(UNSUPPORTED, env_for("2x1024"))
+    clock_type = out.pop("clock_type")
+    # before init, a bad handle, a NULL pointer, then NOT_SUPPORTED
+    assert len(out) == 6 and all(codes == [1, 2, 2, 3] for codes in out.values()), out
+    assert clock_type == [2, 3, 3, 2]  # nvmlClockType_t: GRAPHICS, SM, MEM, VIDEO
+
+
 INIT = """
 import json, pynvml
 try:

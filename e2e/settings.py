@@ -24,6 +24,9 @@ class E2eSettings:
     containerd_version: str = CONTAINERD_VERSION
     cert_manager_version: str = CERT_MANAGER_VERSION
     fake_gpus: str = "4x64GiB"
+    # Holds gpushare-scheduler-extender/ and gpushare-device-plugin/ (the reference programs' sources); None: the
+    # tier has no reference programs.
+    reference_src: Path | None = None
 
     def port(self, offset: int) -> int:
         return self.port_base + offset
@@ -45,8 +48,10 @@ def from_environ(environ: Mapping[str, str] | None = None) -> E2eSettings:
         raise SettingsError(f"GPUSHARE_E2E_PORT_BASE={raw_base!r} is not a port number") from None
     if not 1024 <= base <= 65000:
         raise SettingsError(f"GPUSHARE_E2E_PORT_BASE={base} must be between 1024 and 65000")
+    reference = env.get("GPUSHARE_E2E_REFERENCE_SRC")
     return E2eSettings(cache_dir=Path(cache), run_dir=Path(run), port_base=base,
-                       fake_gpus=env.get("GPUSHARE_E2E_FAKE_GPUS", "4x64GiB"))
+                       fake_gpus=env.get("GPUSHARE_E2E_FAKE_GPUS", "4x64GiB"),
+                       reference_src=Path(reference).absolute() if reference else None)
 
 
 def requested(environ: Mapping[str, str] | None = None) -> bool:

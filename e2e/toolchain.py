@@ -1,4 +1,5 @@
-"""Upstream binaries for the real-cluster tier, built once from their Go modules and cached by version.
+"""Upstream binaries for the real-cluster tier, built once from their Go modules and cached by version; the reference
+extender and device plugin, built from the sources GPUSHARE_E2E_REFERENCE_SRC names and cached by their contents.
 
 `python -m e2e.toolchain` builds what is missing and prints where everything is; `check()` names what this
 machine lacks (Go, root, cgroups, a C compiler) so the tier can be skipped with one line that says why.
@@ -6,6 +7,7 @@ machine lacks (Go, root, cgroups, a C compiler) so the tier can be skipped with 
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -31,6 +33,17 @@ DEBIAN_PACKAGES = {
     "containernetworking-plugins": "/usr/lib/cni/loopback",
     "busybox-static": "/bin/busybox",
 }
+# The reference programs' source trees (folders of GPUSHARE_E2E_REFERENCE_SRC) and the commits they are clones of.
+REFERENCE_TREES = {
+    "gpushare-scheduler-extender": "c0b61411cddabd1b19500878ab355afeeae5589e",
+    "gpushare-device-plugin": "45fb8b88692250cff2d53cb64b0a41864a5fcaf3",
+}
+EXTENDER_BINARY = "gpushare-sche-extender"  # its Makefile's build-server target
+PLUGIN_BINARY = "gpushare-device-plugin-v2"  # its Dockerfile's name
+PLUGIN_IMPORT_PATH = "github.com/AliyunContainerService/gpushare-device-plugin"
+# Its NVML bindings leave the NVML symbols to the dynamic loader, which needs the executable's symbols exported:
+# Go no longer passes -rdynamic to the external linker (golang/go#53579), and without it every NVML call jumps to 0.
+PLUGIN_LDFLAGS = "-extldflags=-rdynamic"
 
 
 class ToolchainError(Exception):
@@ -46,6 +59,7 @@ class Toolchain:
     cni_bin: Path
     busybox: Path
     cert_manager: Path  # directory with the cert-manager command and the release's deploy/ (chart, CRDs)
+    reference: Path | None = None  # directory with EXTENDER_BINARY and PLUGIN_BINARY; None without their sources
 
     def kube(self, command: str) -> Path:
         return self.kubernetes / command
@@ -175,6 +189,82 @@ def _build_pause(target: Path) -> None:
     _run(["gcc", "-static", "-O2", "-o", str(target), str(PAUSE_SOURCE)], "gcc of the pause binary")
 
 
+def _reference_layout() -> str:
+    trees = " and ".join(f"{name}/" for name in REFERENCE_TREES)
+    commits = " and ".join(f"{commit[:8]}…" for commit in REFERENCE_TREES.values())
+    return f"a folder with {trees} (clones at commits {commits})"
+
+
+def reference_missing(settings: E2eSettings) -> str | None:
+    """One line saying why the reference programs cannot be built here, or None when they can.
+
+    A variable that names a folder without both trees is not "missing": `build_reference` fails on it, naming what
+    is absent, so that a wrong path is fixed rather than skipped."""
+    if settings.reference_src is None:
+        return ("the reference extender and device plugin sources are not available: set "
+                f"GPUSHARE_E2E_REFERENCE_SRC to {_reference_layout()}")
+    if shutil.which("go") is None:
+        return "the Go toolchain (go) is not on PATH, so the reference extender and device plugin cannot be built"
+    return None
+
+
+def reference_key(source: Path, go_version: str) -> str:
+    """16 hex digits of the trees' contents (sorted relative paths and bytes), the Go version and the link flags."""
+    digest = hashlib.sha256(f"{go_version}\0{PLUGIN_LDFLAGS}\0".encode())
+    for tree in REFERENCE_TREES:
+        for path in sorted(p for p in (source / tree).rglob("*") if p.is_symlink() or not p.is_dir()):
+            data = os.readlink(path).encode() if path.is_symlink() else path.read_bytes()
+            digest.update(f"{path.relative_to(source).as_posix()}\0{path.is_symlink()}\0{len(data)}\0".encode())
+            digest.update(data)
+    return digest.hexdigest()[:16]
+
+
+def _writable_copy(source: Path, target: Path) -> None:
+    # The sources may be read-only (folders included); the copy must not be, so that it can be removed.
+    shutil.copytree(source, target, symlinks=True, copy_function=shutil.copyfile)
+    for folder in [target, *(p for p in target.rglob("*") if p.is_dir() and not p.is_symlink())]:
+        folder.chmod(0o755)
+
+
+def build_reference(settings: E2eSettings) -> Path | None:
+    """The folder with the reference extender and device plugin built from GPUSHARE_E2E_REFERENCE_SRC (None when
+    it is unset), cached by the sources' contents and the Go version."""
+    source = settings.reference_src
+    if source is None:
+        return None
+    absent = [name for name in REFERENCE_TREES if not (source / name).is_dir()]
+    if absent:
+        raise ToolchainError(f"GPUSHARE_E2E_REFERENCE_SRC={source} lacks {' and '.join(f'{n}/' for n in absent)}: "
+                             f"it must be {_reference_layout()}")
+    env = _go_env(settings)
+    env["GOTOOLCHAIN"] = "local"
+    version = subprocess.run(["go", "env", "GOVERSION"], env=env, capture_output=True, text=True, check=False)
+    if version.returncode != 0:
+        raise ToolchainError(f"go env GOVERSION failed: {version.stderr.strip()}")
+    target = settings.cache_dir / f"reference-stack-{reference_key(source, version.stdout.strip())}"
+    if all((target / binary).is_file() for binary in (EXTENDER_BINARY, PLUGIN_BINARY)):
+        return target
+    _say(f"Building the reference extender and device plugin from {source} into {target} ...")
+    staging = target.with_name(target.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    extender = staging / "work" / "gpushare-scheduler-extender"
+    _writable_copy(source / "gpushare-scheduler-extender", extender)
+    # Its go.mod and go.sum are complete: the default -mod=readonly builds it and checks every module's hash.
+    _run(["go", "build", "-o", str(staging / EXTENDER_BINARY), "./cmd/main.go"],
+         f"go build of {EXTENDER_BINARY}", cwd=extender, env=env)
+    # No go.mod: GOPATH mode from its vendor/, as its Dockerfile builds it.
+    gopath = staging / "work" / "gopath"
+    plugin = gopath / "src" / PLUGIN_IMPORT_PATH
+    _writable_copy(source / "gpushare-device-plugin", plugin)
+    _run(["go", "build", f"-ldflags={PLUGIN_LDFLAGS}", "-o", str(staging / PLUGIN_BINARY), "./cmd/nvidia"],
+         f"go build of {PLUGIN_BINARY}", cwd=plugin, env={**env, "GO111MODULE": "off", "GOPATH": str(gopath)})
+    shutil.rmtree(staging / "work")
+    shutil.rmtree(target, ignore_errors=True)
+    staging.rename(target)
+    return target
+
+
 def ensure(settings: E2eSettings) -> Toolchain:
     """Install and build whatever is missing; every step is skipped when its result is already cached."""
     missing = check()
@@ -190,10 +280,11 @@ def ensure(settings: E2eSettings) -> Toolchain:
     _build_containerd(settings, containerd)
     _build_cert_manager(settings, cert_manager)
     _build_pause(pause)
+    reference = build_reference(settings)
     return Toolchain(
         kubernetes=kubernetes, containerd=containerd, pause=pause, runc=Path(DEBIAN_PACKAGES["runc"]),
         cni_bin=Path(DEBIAN_PACKAGES["containernetworking-plugins"]).parent,
-        busybox=Path(DEBIAN_PACKAGES["busybox-static"]), cert_manager=cert_manager,
+        busybox=Path(DEBIAN_PACKAGES["busybox-static"]), cert_manager=cert_manager, reference=reference,
     )
 
 

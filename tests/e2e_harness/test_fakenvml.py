@@ -3,13 +3,16 @@ device plugin call it, with the real library's errors, struct layouts and event-
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
+import socket
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from e2e import fakenvml
+from e2e import fakenvml, toolchain
 from tests.support.fakenvml import clean_env, library_dir, probe_binary, run_python
 
 pytestmark = pytest.mark.timeout(600)  # the first go-nvml probe build compiles the whole cgo binding
@@ -246,3 +249,47 @@ def test_go_nvml_inits_counts_reads_and_waits_for_an_xid(tmp_path: Path) -> None
 def test_go_nvml_wait_times_out_without_events(tmp_path: Path) -> None:
     lines = probe_lines("1x1024", tmp_path / "events", 50)
     assert fields(lines, "event") == [{"ret": "10", "error": '"Timeout"'}]
+
+
+KUBECONFIG = """apiVersion: v1
+kind: Config
+clusters: [{{name: c, cluster: {{server: "https://127.0.0.1:{port}", insecure-skip-tls-verify: true}}}}]
+users: [{{name: u, user: {{token: unused}}}}]
+contexts: [{{name: c, context: {{cluster: c, user: u}}}}]
+current-context: c
+"""
+# The kubelet's device-plugin directory the plugin watches before it reads the GPUs, given to it on a tmpfs in a
+# mount namespace of its own: the host's /var/lib/kubelet belongs to the real-cluster tier.
+PRIVATE_KUBELET_DIR = ('mount -t tmpfs gpushare-test /var/lib && mkdir -p /var/lib/kubelet/device-plugins && '
+                       'exec "$0" "$@"')
+
+
+def test_the_reference_device_plugin_reads_every_gpu_through_the_fake_library(reference: Path, tmp_path: Path) -> None:
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("the reference plugin needs the kubelet's device-plugin directory before it reads the GPUs, "
+                    "given to it in a private mount namespace, which needs root and unshare (util-linux)")
+    with socket.socket() as sock:  # a port nobody listens on: the API server is unreachable
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    (tmp_path / "kubeconfig").write_text(KUBECONFIG.format(port=port))
+    gpus = [(65536, f"GPU-5e1f0c2a-0000-4000-8000-00000000000{i}", i) for i in range(3)]
+    gpus[2] = (32768, gpus[2][1], 2)
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "KUBECONFIG": str(tmp_path / "kubeconfig"),
+           "NODE_NAME": "x", **fakenvml.environment(library_dir(), fakenvml.gpu_list(gpus))}
+    plugin = reference / toolchain.PLUGIN_BINARY
+    result = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", PRIVATE_KUBELET_DIR, str(plugin),
+         "-logtostderr", "-v=4", "-token", "unused", "-memory-unit=GiB"],
+        env=env, capture_output=True, text=True, timeout=60, check=False)
+    log = result.stdout + result.stderr
+    assert "symbol lookup error" not in log and "Failed to initialize NVML" not in log, log
+    assert "Loading NVML" in log and "Fetching devices." in log
+    # Every GPU, its UUID and device node (minor = index), and its memory in MiB.
+    assert re.findall(r"Deivce (\S+)'s Path is (\S+)\n", log) == [(u, f"/dev/nvidia{m}") for _, u, m in gpus], log
+    assert re.findall(r"# device Memory: (\d+)\n", log) == ["65536", "65536", "32768"]
+    # Every GPU is counted at the first one's size (nvidia.go, getDevices): 64 GiB units each.
+    assert "set gpu memory: 64\n" in log
+    assert log.count("# Add last device ID: ") == 3 and f"{gpus[2][1]}-_-63" in log
+    # Then it needs the API server (patchGPUCount), which is not there.
+    assert result.returncode == 1
+    assert f'Failed to get device plugin due to Get "https://127.0.0.1:{port}/api/v1/nodes/x"' in log

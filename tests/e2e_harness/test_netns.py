@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from e2e import netns
+from e2e import netns, toolchain
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -198,3 +198,51 @@ def test_a_namespace_that_does_not_exist_is_named() -> None:
                             text=True, cwd=REPO, timeout=30, check=False)
     assert result.returncode == 1
     assert "cannot open the network namespace gpushare-test-absent (/run/netns/gpushare-test-absent)" in result.stderr
+
+
+def test_the_reference_extender_inside_reaches_the_host_through_the_forwarder(
+        namespace: str, tmp_path: Path, reference: Path) -> None:
+    # What the tier does: the extender, which listens on every interface, in the namespace; its API server
+    # requests out to the host's 127.0.0.1 on the same port. Here a stub answers 503 and records the paths.
+    paths: list[str] = []
+
+    class Recorder(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            paths.append(self.path.split("?")[0])
+            self.send_response(503)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Recorder)
+    port = server.server_address[1]
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    (tmp_path / "kubeconfig").write_text(
+        f"apiVersion: v1\nkind: Config\nclusters: [{{name: c, cluster: {{server: 'http://127.0.0.1:{port}'}}}}]\n"
+        "users: [{name: u, user: {token: t}}]\ncontexts: [{name: c, context: {cluster: c, user: u}}]\n"
+        "current-context: c\n")
+    extender = netns.exec_argv(namespace, [str(reference / toolchain.EXTENDER_BINARY)])
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "KUBECONFIG": str(tmp_path / "kubeconfig"),
+           "PORT": str(free_port())}
+    try:
+        with started(forwarder(namespace, "--out", f"{port}:{port}"), tmp_path / "fwd.log") as fwd:
+            wait_for_line(tmp_path / "fwd.log", "forwarding", fwd)
+            with (tmp_path / "extender.log").open("wb") as out:
+                process = subprocess.Popen(extender, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                           start_new_session=True)
+            try:
+                deadline = time.monotonic() + 30
+                wanted = {"/api/v1/nodes", "/api/v1/pods", "/api/v1/configmaps"}  # its three informers
+                while not wanted <= set(paths) and time.monotonic() < deadline:
+                    assert process.poll() is None, (tmp_path / "extender.log").read_text(errors="replace")
+                    time.sleep(0.1)
+                assert wanted <= set(paths), (tmp_path / "extender.log").read_text(errors="replace")
+            finally:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait(timeout=10)
+            assert stop(fwd) == 0
+    finally:
+        server.shutdown()
+        server.server_close()

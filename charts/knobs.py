@@ -85,6 +85,12 @@ KNOBS: tuple[Knob, ...] = (
                       ("env", "cdi")),),
     ),
     Knob(
+        where=(Where("ConfigMap", "gpushare-config", "data.GPUSHARE_PLACEMENT"),),
+        values=(Value("config.placement", "Who picks the GPU: the scheduler extender (extender), or the device "
+                      "plugin on the node (node, cdi delivery only). The webhook and the plugins read it.",
+                      ("extender", "node")),),
+    ),
+    Knob(
         where=(Where("ConfigMap", "gpushare-config", "data.GPUSHARE_UNIT"),),
         values=(Value("config.unit", "One device of the resource per GiB or per MiB of GPU memory.",
                       ("GiB", "MiB")),),
@@ -103,11 +109,6 @@ KNOBS: tuple[Knob, ...] = (
         where=(Where("Deployment", "gpushare-webhook", f"{WEBHOOK}.resources"),),
         values=(Value("webhook.resources", "The webhook container's resource requests and limits."),),
         block=True,
-    ),
-    Knob(
-        where=(Where("DaemonSet", "gpushare-device-plugin", f"{PLUGIN}.env[name=GPUSHARE_PLACEMENT].value"),),
-        values=(Value("devicePlugin.placement", "Who picks the GPU: the scheduler extender, or the plugin on the "
-                      "node (node, cdi delivery only).", ("extender", "node")),),
     ),
     Knob(
         where=(Where("DaemonSet", "gpushare-device-plugin", "spec.template.spec.nodeSelector"),),

@@ -21,7 +21,6 @@ from webhook.settings import (
     positive_int,
 )
 
-PLACEMENTS = ("extender", "node")
 DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 DEFAULT_POD_RESOURCES = "/var/lib/kubelet/pod-resources/kubelet.sock"
 # The kubelet and gRPC choke on ListAndWatch messages with very many devices; 8 GPUs of 80 GiB are 640.
@@ -34,7 +33,6 @@ DEFAULT_SHUTDOWN_SECONDS = "20"
 PLUGIN_VARIABLES = (
     Variable("GPUSHARE_NODE_NAME", "", "this node's name, from the downward API", required=True),
     *CONTRACT_VARIABLES,
-    Variable("GPUSHARE_PLACEMENT", "extender", "extender, or node (cdi only): the plugin picks the GPU, best fit"),
     Variable("GPUSHARE_VERIFY_KEY", "/etc/gpushare/verify/signing.pub", "the webhook's public signing key (PEM)"),
     Variable("GPUSHARE_FAKE_GPUS", "", "a fake inventory such as 2x24GiB; empty: the GPUs NVML reports"),
     Variable("GPUSHARE_MAX_DEVICES", DEFAULT_MAX_DEVICES, "refuse to start when the GPUs make more devices"),
@@ -67,7 +65,6 @@ class PluginSettings:
     max_devices: int
     kubeconfig: str
     rpc_timeout_seconds: float
-    placement: str
     log_level: str
     log_format: str
     shutdown_seconds: float
@@ -78,6 +75,11 @@ class PluginSettings:
     watch_interval_seconds: float = 5.0
     gc_interval_seconds: float = 60.0
     gc_grace_seconds: float = 120.0
+
+    @property
+    def placement(self) -> str:
+        """Who picks the GPU: a cluster-wide setting of the contract, the same on the webhook."""
+        return self.contract.placement
 
     @property
     def socket_name(self) -> str:
@@ -117,15 +119,6 @@ def settings_from(env: Mapping[str, str]) -> PluginSettings:
             "(valueFrom.fieldRef.fieldPath: spec.nodeName) in the DaemonSet"
         )
     plugin_dir = env_value(env, "GPUSHARE_DEVICE_PLUGIN_DIR", DEFAULT_PLUGIN_DIR)
-    placement = env_value(env, "GPUSHARE_PLACEMENT", "extender")
-    if placement not in PLACEMENTS:
-        raise SettingsError(f"GPUSHARE_PLACEMENT={placement!r} is not valid; expected extender or node")
-    if placement == "node" and contract.delivery != "cdi":
-        raise SettingsError(
-            "GPUSHARE_PLACEMENT=node needs GPUSHARE_DELIVERY=cdi: in env mode the GPU index must be in the pod's "
-            "annotations before the kubelet admits it, so only the scheduler extender can place pods; "
-            "set GPUSHARE_DELIVERY=cdi (on the webhook too) or GPUSHARE_PLACEMENT=extender"
-        )
     log_level, log_format = log_settings(env)
     return PluginSettings(
         contract=contract,
@@ -144,7 +137,6 @@ def settings_from(env: Mapping[str, str]) -> PluginSettings:
         rpc_timeout_seconds=env_parsed(
             env, "GPUSHARE_RPC_TIMEOUT_SECONDS", "10", rpc_seconds, "a positive number of seconds below 30"
         ),
-        placement=placement,
         log_level=log_level,
         log_format=log_format,
         shutdown_seconds=env_parsed(

@@ -12,6 +12,8 @@ INTENT_VERSION: Final = 1
 ALLOCATION_VERSION: Final = 1
 UNITS: Final = ("GiB", "MiB")
 DELIVERY_MODES: Final = ("env", "cdi")
+# Who picks a pod's GPU: the gpushare scheduler extender before binding, or the device plugin on the node (cdi only).
+PLACEMENTS: Final = ("extender", "node")
 DEFAULT_RESOURCE: Final = "aliyun.com/gpu-mem"
 DEFAULT_PREFIX: Final = "gpushare.io/"
 
@@ -64,12 +66,22 @@ class Contract:
     unit: str = "GiB"
     prefix: str = DEFAULT_PREFIX
     delivery: str = "env"
+    placement: str = "extender"
 
     def __post_init__(self) -> None:
         if self.unit not in UNITS:
             raise ProtocolError(f"unit {self.unit!r} is not supported; use one of {', '.join(UNITS)}")
         if self.delivery not in DELIVERY_MODES:
             raise ProtocolError(f"delivery mode {self.delivery!r} is unknown; use one of env, cdi")
+        if self.placement not in PLACEMENTS:
+            raise ProtocolError(f"placement {self.placement!r} is unknown; use one of extender, node")
+        if self.placement == "node" and self.delivery != "cdi":
+            raise ProtocolError(
+                "node placement needs cdi delivery: in env delivery the GPU index must be in the pod's annotations "
+                "before the kubelet admits it, so only the scheduler extender can place pods; set "
+                "GPUSHARE_DELIVERY=cdi or GPUSHARE_PLACEMENT=extender in the shared settings (the gpushare-config "
+                "ConfigMap), so the webhook and every plugin agree"
+            )
         if not _PREFIX_RE.fullmatch(self.prefix) or len(self.prefix) > 254:
             raise ProtocolError(
                 f"annotation prefix {self.prefix!r} is not a DNS subdomain followed by '/', e.g. gpushare.io/"

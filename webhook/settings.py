@@ -27,6 +27,8 @@ CONTRACT_VARIABLES = (
     Variable("GPUSHARE_UNIT", "GiB", "what one unit of it means: GiB or MiB"),
     Variable("GPUSHARE_ANNOTATION_PREFIX", DEFAULT_PREFIX, "prefix of the gpushare annotations"),
     Variable("GPUSHARE_DELIVERY", "env", "env or cdi; the same on the webhook and every plugin"),
+    Variable("GPUSHARE_PLACEMENT", "extender", "extender, or node (cdi only): the plugin picks the GPU, best fit; "
+             "the same on the webhook and every plugin"),
 )
 LOG_VARIABLES = (
     Variable("GPUSHARE_LOG_LEVEL", "INFO", "DEBUG, INFO, WARNING or ERROR"),
@@ -149,12 +151,13 @@ def contract_from(env: Mapping[str, str]) -> Contract:
     unit = env_value(env, "GPUSHARE_UNIT", "GiB")
     prefix = env_value(env, "GPUSHARE_ANNOTATION_PREFIX", DEFAULT_PREFIX)
     delivery = env_value(env, "GPUSHARE_DELIVERY", "env")
+    placement = env_value(env, "GPUSHARE_PLACEMENT", "extender")
     try:
-        return Contract(resource=resource, unit=unit, prefix=prefix, delivery=delivery)
+        return Contract(resource=resource, unit=unit, prefix=prefix, delivery=delivery, placement=placement)
     except ProtocolError as exc:
         raise SettingsError(
-            f"the GPUSHARE_RESOURCE_NAME / GPUSHARE_UNIT / GPUSHARE_ANNOTATION_PREFIX / GPUSHARE_DELIVERY "
-            f"settings are inconsistent: {exc}"
+            f"the GPUSHARE_RESOURCE_NAME / GPUSHARE_UNIT / GPUSHARE_ANNOTATION_PREFIX / GPUSHARE_DELIVERY / "
+            f"GPUSHARE_PLACEMENT settings are inconsistent: {exc}"
         ) from exc
 
 

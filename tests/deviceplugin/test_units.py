@@ -23,8 +23,9 @@ BASE = {"GPUSHARE_NODE_NAME": "node-a"}
     ("env", "error"),
     [
         ({}, "GPUSHARE_NODE_NAME is not set"),
-        ({**BASE, "GPUSHARE_PLACEMENT": "node"}, "GPUSHARE_PLACEMENT=node needs GPUSHARE_DELIVERY=cdi"),
-        ({**BASE, "GPUSHARE_PLACEMENT": "random"}, "expected extender or node"),
+        ({**BASE, "GPUSHARE_PLACEMENT": "node"}, "GPUSHARE_PLACEMENT settings are inconsistent: node placement "
+                                                 "needs cdi delivery"),
+        ({**BASE, "GPUSHARE_PLACEMENT": "random"}, "placement 'random' is unknown; use one of extender, node"),
         ({**BASE, "GPUSHARE_RPC_TIMEOUT_SECONDS": "30"}, "GPUSHARE_RPC_TIMEOUT_SECONDS='30' is not valid"),
         ({**BASE, "GPUSHARE_RPC_TIMEOUT_SECONDS": "nan"}, "GPUSHARE_RPC_TIMEOUT_SECONDS"),
         ({**BASE, "GPUSHARE_MAX_DEVICES": "0"}, "GPUSHARE_MAX_DEVICES"),

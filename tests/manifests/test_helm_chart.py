@@ -13,7 +13,7 @@ from charts import generate, kustomize
 from charts.knobs import KNOBS, MODE_VALUE, component_value
 from tests.manifests import helm
 from tests.manifests.helm import CHART, Obj
-from tests.manifests.render import find, kubectl
+from tests.manifests.render import kubectl
 
 # A cold build of helm (once per machine) happens in the first test that needs it.
 pytestmark = pytest.mark.timeout(helm.BUILD_TIMEOUT)
@@ -28,9 +28,9 @@ PEERS = [{"ipBlock": {"cidr": "10.0.0.0/28"}}, {"ipBlock": {"cidr": "10.0.1.0/28
 # Every value of the chart set away from its default ...
 CUSTOM_VALUES: Obj = {
     "image": IMAGE,
-    "config": {"delivery": "cdi", "unit": "MiB", "logLevel": "DEBUG"},
+    "config": {"delivery": "cdi", "placement": "node", "unit": "MiB", "logLevel": "DEBUG"},
     "webhook": {"replicas": 3, "resources": WEBHOOK_RESOURCES},
-    "devicePlugin": {"placement": "node", "nodeSelector": NODE_SELECTOR, "tolerations": TOLERATIONS,
+    "devicePlugin": {"nodeSelector": NODE_SELECTOR, "tolerations": TOLERATIONS,
                      "resources": PLUGIN_RESOURCES},
     "networkPolicy": {"enabled": True, "from": PEERS},
     # and every optional component switched on
@@ -58,8 +58,6 @@ def custom_kustomization(overlay: str) -> Obj:
     if overlay == "cert-manager":
         workloads.append(("Job", "gpushare-signing-key"))
     first = "/spec/template/spec/containers/0"
-    plugin_env = [e["name"] for e in find(manifests(overlay), "DaemonSet", "gpushare-device-plugin")
-                  ["spec"]["template"]["spec"]["containers"][0]["env"]]
     return {
         "images": [{"name": "gpushare", "newName": IMAGE["repository"], "newTag": IMAGE["tag"]}],
         "replicas": [{"name": "gpushare-webhook", "count": 3}],
@@ -68,11 +66,9 @@ def custom_kustomization(overlay: str) -> Obj:
             {"patch": yaml.safe_dump({
                 "apiVersion": "v1", "kind": "ConfigMap",
                 "metadata": {"name": "gpushare-config", "namespace": "gpushare-system"},
-                "data": {"GPUSHARE_DELIVERY": "cdi", "GPUSHARE_UNIT": "MiB", "GPUSHARE_LOG_LEVEL": "DEBUG"}})},
+                "data": {"GPUSHARE_DELIVERY": "cdi", "GPUSHARE_PLACEMENT": "node", "GPUSHARE_UNIT": "MiB",
+                         "GPUSHARE_LOG_LEVEL": "DEBUG"}})},
             _replace("Deployment", "gpushare-webhook", f"{first}/resources", WEBHOOK_RESOURCES),
-            # In place (a strategic-merge patch would move the entry to the front of the list).
-            _replace("DaemonSet", "gpushare-device-plugin", f"{first}/env/{plugin_env.index('GPUSHARE_PLACEMENT')}",
-                     {"name": "GPUSHARE_PLACEMENT", "value": "node"}),
             _plugin_patch({"nodeSelector": NODE_SELECTOR,
                            "containers": [{"name": "device-plugin", "resources": PLUGIN_RESOURCES}]}),
             # Lists replace the default, in Helm as in a JSON patch.
@@ -135,7 +131,7 @@ def test_every_component_is_a_switch_of_the_chart() -> None:
 
 @pytest.mark.parametrize("sets", [
     [], ["certificates=self-signed"], ["networkPolicy.enabled=true"],
-    ["config.delivery=cdi,devicePlugin.placement=node"],
+    ["config.delivery=cdi,config.placement=node"],
 ])
 def test_helm_lint_is_clean(sets: list[str]) -> None:
     args = ["lint", "--strict", str(CHART)] + [a for s in sets for a in ("--set", s)]
@@ -149,7 +145,7 @@ def test_helm_lint_is_clean(sets: list[str]) -> None:
 @pytest.mark.parametrize(("setting", "named"), [
     ("certificates=letsencrypt", "certificates"),
     ("config.delivery=both", "delivery"),
-    ("devicePlugin.placement=anywhere", "placement"),
+    ("config.placement=anywhere", "placement"),
     ("webhok.replicas=3", "webhok"),
     ("webhook.replicas=two", "replicas"),
     ("image.pullPolicy=Sometimes", "pullPolicy"),

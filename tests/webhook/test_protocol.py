@@ -196,6 +196,8 @@ def test_parse_allocation_refuses_malformed_records(text: str, fragment: str) ->
     [
         ({"unit": "KiB"}, "unit 'KiB' is not supported"),
         ({"delivery": "magic"}, "delivery mode 'magic' is unknown"),
+        ({"placement": "random"}, "placement 'random' is unknown"),
+        ({"placement": "node"}, "node placement needs cdi delivery"),
         ({"prefix": "gpushare.io"}, "is not a DNS subdomain followed by '/'"),
         ({"resource": "gpu-mem"}, "must be a domain-prefixed"),
     ],

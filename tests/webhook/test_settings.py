@@ -24,6 +24,8 @@ def test_defaults() -> None:
     s = settings_from({})
     assert s.contract.resource == "aliyun.com/gpu-mem"
     assert s.contract.unit == "GiB" and s.contract.delivery == "env" and s.contract.prefix == "gpushare.io/"
+    assert s.contract.placement == "extender"
+    assert settings_from({"GPUSHARE_DELIVERY": "cdi", "GPUSHARE_PLACEMENT": "node"}).contract.placement == "node"
     assert s.trusted_identities == (DEFAULT_EXTENDER, DEFAULT_PLUGIN)
     assert s.max_gpu_units == 192
     assert s.bind == "127.0.0.1:8443"
@@ -54,6 +56,8 @@ def test_identity_lists_are_comma_separated() -> None:
         ({"GPUSHARE_MAX_BODY_BYTES": "1e6"}, "GPUSHARE_MAX_BODY_BYTES='1e6'"),
         ({"GPUSHARE_UNIT": "TB"}, "unit 'TB' is not supported"),
         ({"GPUSHARE_DELIVERY": "pci"}, "GPUSHARE_DELIVERY"),
+        ({"GPUSHARE_PLACEMENT": "anywhere"}, "placement 'anywhere' is unknown; use one of extender, node"),
+        ({"GPUSHARE_PLACEMENT": "node"}, "node placement needs cdi delivery"),
         ({"GPUSHARE_READ_DEADLINE_SECONDS": "0"}, "GPUSHARE_READ_DEADLINE_SECONDS='0' is not valid: must be more"),
         ({"GPUSHARE_READ_DEADLINE_SECONDS": "31"}, "GPUSHARE_READ_DEADLINE_SECONDS='31'"),
         ({"GPUSHARE_READ_DEADLINE_SECONDS": "nan"}, "GPUSHARE_READ_DEADLINE_SECONDS='nan'"),

@@ -174,8 +174,11 @@ class Forwarder:
     async def start(self) -> None:
         for host_port, ns_port in self.into:
             what = f"into {self.switch.name}: host 127.0.0.1:{host_port} -> namespace 127.0.0.1:{ns_port}"
-            self.servers.append(await asyncio.start_server(self._handler(ns_port, what, inward=True),
-                                                          "127.0.0.1", host_port))
+            try:
+                self.servers.append(await asyncio.start_server(self._handler(ns_port, what, inward=True),
+                                                              "127.0.0.1", host_port))
+            except OSError as exc:
+                raise NetnsError(f"{what}: cannot listen: {exc.strerror}") from None
         for ns_port, host_port in self.out:
             what = f"out of {self.switch.name}: namespace 127.0.0.1:{ns_port} -> host 127.0.0.1:{host_port}"
             sock = self.switch.socket()
@@ -189,7 +192,12 @@ class Forwarder:
 
     def _handler(self, port: int, what: str, *, inward: bool) -> Handler:
         async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            sock = self.switch.socket() if inward else socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            try:
+                sock = self.switch.socket() if inward else socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            except (NetnsError, OSError) as exc:
+                log.warning("%s: cannot open a socket: %s", what, exc)
+                writer.close()
+                return
             sock.setblocking(False)
             other = await _connect(sock, port, what)
             if other is None:
@@ -219,10 +227,7 @@ async def forward(name: str, into: Sequence[tuple[int, int]], out: Sequence[tupl
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     try:
-        try:
-            await forwarder.start()
-        except OSError as exc:
-            raise NetnsError(f"cannot listen on the host's 127.0.0.1: {exc.strerror}") from None
+        await forwarder.start()
         routes = [f"127.0.0.1:{h} -> {name} 127.0.0.1:{n}" for h, n in into]
         routes += [f"{name} 127.0.0.1:{n} -> 127.0.0.1:{h}" for n, h in out]
         print(f"forwarding {', '.join(routes)}", flush=True)

@@ -118,6 +118,8 @@ def get(url: str, retry_for: float = 0.0) -> bytes:
 def test_into_the_namespace(namespace: str, tmp_path: Path) -> None:
     (tmp_path / "www").mkdir()
     (tmp_path / "www" / "hello.txt").write_text("inside")
+    payload = os.urandom(4 << 20)  # many reads and writes of the forwarder's 64 KiB chunks
+    (tmp_path / "www" / "payload").write_bytes(payload)
     host_port, ns_port = free_port(), free_port()
     server = netns.exec_argv(namespace, [sys.executable, "-u", "-m", "http.server", "--bind", "0.0.0.0", str(ns_port),
                                          "--directory", str(tmp_path / "www")])
@@ -125,6 +127,7 @@ def test_into_the_namespace(namespace: str, tmp_path: Path) -> None:
             started(forwarder(namespace, "--into", f"{host_port}:{ns_port}"), tmp_path / "fwd.log") as fwd:
         wait_for_line(tmp_path / "fwd.log", "forwarding", fwd)
         assert get(f"http://127.0.0.1:{host_port}/hello.txt", retry_for=10) == b"inside"
+        assert get(f"http://127.0.0.1:{host_port}/payload") == payload
         # The server listens on every interface of its namespace, and on none of the host's.
         with pytest.raises(OSError), socket.create_connection(("127.0.0.1", ns_port), timeout=2):
             pass
@@ -191,6 +194,17 @@ def test_a_port_taken_inside_the_namespace_fails_the_forwarder_with_its_name(nam
                                 cwd=REPO, timeout=30, check=False)
     assert result.returncode == 1
     assert f"{namespace}: namespace 127.0.0.1:{port} -> host 127.0.0.1:{port}: cannot listen" in result.stderr
+
+
+def test_a_port_taken_on_the_host_fails_the_forwarder_with_its_name(namespace: str, tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run(forwarder(namespace, "--into", f"{port}:{port}"), capture_output=True, text=True,
+                                cwd=REPO, timeout=30, check=False)
+    assert result.returncode == 1
+    assert f"into {namespace}: host 127.0.0.1:{port} -> namespace 127.0.0.1:{port}: cannot listen" in result.stderr
 
 
 def test_a_namespace_that_does_not_exist_is_named() -> None:

@@ -16,6 +16,7 @@ PURE = [
     "webhook.envrules",
     "webhook.mutate",
     "webhook.validate",
+    "webhook.booking",
     "webhook.settings",
     "certs.build",
     "deviceplugin.resolve",

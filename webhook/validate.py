@@ -9,6 +9,7 @@ from typing import Any, Protocol
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from webhook import signing
+from webhook.booking import booking_problems
 from webhook.envrules import container_problems, expected_env, new_ephemeral, slots
 from webhook.protocol import (
     ASSIGNED,
@@ -55,7 +56,7 @@ class Policy(Protocol):
 # What a denial is counted under (webhook/metrics.py): a small, fixed set, each problem tagged with one.
 REASONS = (
     "reserved_annotation", "no_intent", "forged_intent", "intent_changed", "not_authorized", "placement_frozen",
-    "bad_assignment", "container_env", "too_large", "bad_spec",
+    "bad_assignment", "container_env", "too_large", "unbookable", "bad_spec",
 )
 
 
@@ -148,6 +149,8 @@ def _create_problems(pod: Pod, namespace: str, policy: Policy, public_key: Ed255
                 f"GPU holds ({policy.max_gpu_units} {contract.unit}, GPUSHARE_MAX_GPU_UNITS), so it could never be "
                 "placed; lower its limit", "too_large",
             ))
+    if contract.placement == "extender":
+        problems.extend(_tagged("unbookable", booking_problems(demand, contract)))
     problems.extend(_tagged("container_env", _env_problems(pod, contract, intent.total if intent else demand.total,
                                                            demand)))
     return problems

@@ -24,7 +24,7 @@ pytestmark = [
     pytest.mark.skipif(not EXECUTABLE.exists(), reason="kubectl-gpushare is not installed; run `pip install -e .`"),
 ]
 NAMESPACE = "team"
-SHAPES = [PodShape((3,)), PodShape((2, 1)), PodShape((4,), (6,)), PodShape((1,)), PodShape((5,)), PodShape((2,)),
+SHAPES = [PodShape((3,)), PodShape((2, 1)), PodShape((6,), (4,)), PodShape((1,)), PodShape((5,)), PodShape((2,)),
           PodShape((0,))]
 
 

@@ -74,11 +74,16 @@ class Result:
         return "\n".join(lines)
 
 
-def random_scenario(seed: int, gpu_units: int = 8) -> Scenario:
-    """A tiny seeded scenario: 2-8 pods of mixed shapes, maybe a group, deletions and a kubelet restart."""
+def random_scenario(seed: int, gpu_units: int = 8, placement: str = "extender") -> Scenario:
+    """A tiny seeded scenario: 2-8 pods of mixed shapes, maybe a group, deletions and a kubelet restart.
+
+    Under extender placement every pod is one the scheduler extender can book (the webhook refuses the others):
+    init containers no larger than the app container, sidecars without GPU memory. Node placement books the
+    whole pod, so there init containers may be larger and sidecars have GPU memory."""
     rng = random.Random(seed)
     low = max(1, gpu_units // 8)
     high = max(low, gpu_units // 2)
+    whole = placement == "node"
 
     def shape() -> PodShape:
         kind = rng.random()
@@ -87,9 +92,11 @@ def random_scenario(seed: int, gpu_units: int = 8) -> Scenario:
         if kind < 0.7:
             return PodShape((rng.randint(low, high), rng.choice([0, rng.randint(low, high)])))
         if kind < 0.9:
-            return PodShape((rng.randint(low, high),), (rng.randint(low, gpu_units // 2 + 1),))
+            app, init = rng.randint(low, high), rng.randint(low, gpu_units // 2 + 1)
+            return PodShape((app,), (init if whole else min(init, app),))
         if kind < 0.95:
-            return PodShape((rng.randint(low, high),), (rng.randint(low, high), 0), sidecar=True)
+            app, sidecar = rng.randint(low, high), rng.randint(low, high)
+            return PodShape((app,), (sidecar if whole else 0, 0), sidecar=True)
         return PodShape((0,))
 
     count = rng.randint(2, 8)

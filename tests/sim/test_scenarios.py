@@ -28,18 +28,18 @@ class Clusters:
 
     def __init__(self, stack: ExitStack) -> None:
         self.stack = stack
-        self.hooks: dict[str, RunningWebhook] = {}
+        self.hooks: dict[tuple[str, str], RunningWebhook] = {}
         self.clusters: dict[tuple[str, int, str, str], Cluster] = {}
 
     def get(self, delivery: str, nodes: int, gpus: str, placement: str = "extender") -> Cluster:
-        if delivery not in self.hooks:
+        if (delivery, placement) not in self.hooks:  # the webhook reads both cluster-wide settings
             directory = Path(self.stack.enter_context(tempfile.TemporaryDirectory(prefix="gs-hook-")))
-            self.hooks[delivery] = self.stack.enter_context(
-                webhook_server(directory, {"GPUSHARE_DELIVERY": delivery}))
+            self.hooks[(delivery, placement)] = self.stack.enter_context(
+                webhook_server(directory, {"GPUSHARE_DELIVERY": delivery, "GPUSHARE_PLACEMENT": placement}))
         key = (delivery, nodes, gpus, placement)
         if key not in self.clusters:
             spec = ClusterSpec(nodes=nodes, gpus=gpus, delivery=delivery, seed=nodes, placement=placement)
-            cluster = Cluster(spec, self.hooks[delivery])
+            cluster = Cluster(spec, self.hooks[(delivery, placement)])
             cluster.start()
             self.clusters[key] = cluster
         return self.clusters[key]
@@ -84,7 +84,7 @@ def test_random_scenario_holds_every_invariant(clusters: Clusters, delivery: str
 @pytest.mark.parametrize("seed", range(max(1, SCENARIOS // 4)))
 def test_node_local_placement_holds_every_invariant(clusters: Clusters, seed: int) -> None:
     nodes, gpus = TOPOLOGIES[seed % len(TOPOLOGIES)]
-    result = run_scenario(clusters.get("cdi", nodes, gpus, placement="node"), random_scenario(seed))
+    result = run_scenario(clusters.get("cdi", nodes, gpus, placement="node"), random_scenario(seed, placement="node"))
     assert not result.violations, result.explain()
     assert not result.create_errors, result.explain()
     # The scheduler only counts a node's total units, so a pod may land where no single GPU has room left:
@@ -93,9 +93,13 @@ def test_node_local_placement_holds_every_invariant(clusters: Clusters, seed: in
         assert "has that much room" in problem, result.explain() + "\n" + problem
 
 
+def _shapes(scenarios: list[Scenario]) -> list[PodShape]:
+    return [s for sc in scenarios for s in (*sc.pods, *([sc.group[0]] if sc.group else []))]
+
+
 def test_the_seeds_cover_every_shape() -> None:
     scenarios = [random_scenario(seed) for seed in range(max(SCENARIOS, 100))]
-    shapes = [s for sc in scenarios for s in (*sc.pods, *([sc.group[0]] if sc.group else []))]
+    shapes = _shapes(scenarios)
     assert any(len([u for u in s.containers if u]) > 1 for s in shapes), "multi-container GPU pods"
     assert any(s.init and any(s.init) for s in shapes), "init containers with GPU memory"
     assert any(s.sidecar for s in shapes), "restartable sidecars"
@@ -103,6 +107,28 @@ def test_the_seeds_cover_every_shape() -> None:
     assert any(sc.restarts for sc in scenarios), "kubelet restarts"
     assert any(sc.delete for sc in scenarios), "deletions"
     assert any(sc.group for sc in scenarios), "ReplicaSet groups"
+    # Under the extender every pod is bookable (the app containers' sum is its whole request) ...
+    assert all(max((*s.init, 0)) <= sum(s.containers) and not (s.sidecar and s.init[0]) for s in shapes)
+    # ... and node placement, which books the whole pod, has the others: larger init containers, GPU sidecars.
+    whole = _shapes([random_scenario(seed, placement="node") for seed in range(max(SCENARIOS // 4, 25))])
+    assert any(s.init and max(s.init) > sum(s.containers) for s in whole), "init containers larger than the apps"
+    assert any(s.sidecar and s.init[0] for s in whole), "sidecars with GPU memory"
+
+
+# Pods the scheduler extender cannot book (it books the app containers' sum only): refused at creation under
+# extender placement, with the message that says so; node placement runs them (the test above).
+UNBOOKABLE = (PodShape((2,), (6,)), PodShape((0,), (3,)), PodShape((2,), (1, 0), sidecar=True))
+
+
+@pytest.mark.timeout(60)
+def test_pods_the_extender_cannot_book_are_refused_at_creation(clusters: Clusters) -> None:
+    result = run_scenario(clusters.get("env", *TOPOLOGIES[0]), Scenario(seed=30_000, pods=UNBOOKABLE))
+    assert not result.violations, result.explain()
+    assert not result.observation.pods, result.explain()
+    assert len(result.create_errors) == 3, result.explain()
+    for error in result.create_errors:
+        assert "the gpushare scheduler extender books only the sum of the app containers' limits" in error, error
+        assert "GPUSHARE_PLACEMENT=node" in error, error
 
 
 @pytest.mark.timeout(60)
@@ -121,7 +147,7 @@ def test_the_real_plugin_registers_again_after_a_kubelet_restart(clusters: Clust
 # Containers that request no GPU memory, on images whose env selects every GPU: ordinary pods, a limit of "0", a
 # GPU pod's sidecar and init container, a restartable sidecar without GPU memory.
 WITHOUT_GPU_MEMORY = (PodShape((0,)), PodShape((0, 0), (0,)), PodShape((0,), zero_limit=True), PodShape((2, 0)),
-                      PodShape((1,), (0, 0), sidecar=True), PodShape((1, 0), (2,)))
+                      PodShape((1,), (0, 0), sidecar=True), PodShape((2, 0), (1,)))
 
 
 @pytest.mark.timeout(60)

@@ -28,6 +28,8 @@ from webhook.validate import validate
 
 POLICY = settings_from({})
 CDI_POLICY = settings_from({"GPUSHARE_DELIVERY": "cdi"})
+NODE_POLICY = settings_from({"GPUSHARE_DELIVERY": "cdi", "GPUSHARE_PLACEMENT": "node"})
+NODE_CONTRACT = NODE_POLICY.contract
 C = POLICY.contract
 INTENT, SIGNATURE, ALLOCATION = C.intent_key, C.signature_key, C.allocation_key
 
@@ -125,6 +127,49 @@ def test_create_denials(case: str, new: Pod, policy: Settings, fragment: str) ->
     assert message.startswith(f"gpushare denied pod {NS}/")
 
 
+# Pods the gpushare scheduler extender cannot book: it books the app containers' sum only. Each is refused where
+# the extender places pods, in env and in cdi delivery, and accepted where the device plugin places them.
+INIT_LARGER = pod(container("main", 8), inits=[container("prep", 16)])
+INIT_ONLY = pod(container("main"), inits=[container("prep", 8)])
+GPU_SIDECAR = pod(container("main", 8), inits=[container("helper", 4, restart="Always")])
+TWO_INITS = pod(container("a", 2), container("b", 2), inits=[container("p", 6), container("q", 5), container("r", 4)])
+UNBOOKABLE = [
+    ("init container larger than the app containers", INIT_LARGER,
+     "Init container 'prep' (16 GiB) needs more aliyun.com/gpu-mem than the app containers together, but the "
+     "gpushare scheduler extender books only the sum of the app containers' limits of aliyun.com/gpu-mem (8 GiB "
+     "for this pod), so the GPU it picks may lack room for the init container; give the app containers at least "
+     "16 GiB in total, or run the init container without GPU memory, or use cdi delivery with "
+     "GPUSHARE_PLACEMENT=node, where the device plugin books the whole pod."),
+    ("GPU memory only in an init container", INIT_ONLY,
+     "(0 GiB for this pod), so it cannot place the pod at all: its bind fails until the pod is deleted; give the "
+     "app containers at least 8 GiB in total"),
+    ("a sidecar with GPU memory", GPU_SIDECAR,
+     "Sidecar 'helper' (a restartable init container) asks for 4 GiB of aliyun.com/gpu-mem, but the gpushare "
+     "scheduler extender books only the sum of the app containers' limits of aliyun.com/gpu-mem (8 GiB for this "
+     "pod): GPU memory in a sidecar is not booked by the extender; move it into an app container, or use cdi "
+     "delivery with GPUSHARE_PLACEMENT=node, where the device plugin books the whole pod."),
+    ("two init containers larger than the app containers", TWO_INITS,
+     "Init containers 'p' (6 GiB), 'q' (5 GiB) need more aliyun.com/gpu-mem than the app containers together"),
+]
+
+
+@pytest.mark.parametrize(("case", "new", "fragment"), UNBOOKABLE, ids=[c[0] for c in UNBOOKABLE])
+@pytest.mark.parametrize(("policy", "contract"), [(POLICY, Contract()), (CDI_POLICY, Contract(delivery="cdi"))],
+                         ids=["env", "cdi"])
+def test_pods_the_extender_cannot_book_are_refused_where_it_places(
+    case: str, new: Pod, fragment: str, policy: Settings, contract: Contract
+) -> None:
+    verdict = validate("CREATE", None, stamped(new, contract), USER, NS, policy, KEY.public_key())
+    assert not verdict.allowed and verdict.reasons == ("unbookable",)
+    assert verdict.message.startswith(f"gpushare denied pod {NS}/job-0. ")
+    assert fragment in verdict.message
+
+
+@pytest.mark.parametrize("new", [p for _, p, _ in UNBOOKABLE], ids=[c[0] for c in UNBOOKABLE])
+def test_node_placement_books_the_whole_pod(new: Pod) -> None:
+    assert check("CREATE", stamped(new, NODE_CONTRACT), policy=NODE_POLICY) == (True, "")
+
+
 CREATE_ALLOWED = [
     ("stamped GPU pod", GPU, POLICY),
     ("stamped GPU pod before fieldRef defaulting", with_env(GPU, UNDEFAULTED), POLICY),
@@ -135,6 +180,13 @@ CREATE_ALLOWED = [
     ("unrelated env and annotations", annotate(with_env(GPU, [*expected_env(2, 2), {"name": "HOME", "value": "/"}]),
                                                {"team": "vision"}), POLICY),
     ("limit exactly the largest GPU", stamped(pod(container("a", 192))), POLICY),
+    # What the extender books (the app containers' sum) is the pod's whole request: init containers no larger
+    # than the app containers together, sidecars without GPU memory.
+    ("init container as large as the app containers", stamped(pod(container("a", 2), container("b", 2),
+                                                                  inits=[container("i", 4)])), POLICY),
+    ("sidecar without GPU memory", stamped(pod(container("a", 2), inits=[container("s", 0, restart="Always"),
+                                                                         container("t", restart="Always")])),
+     POLICY),
 ]
 
 

@@ -9,6 +9,7 @@ In tests: `Cluster(settings, toolchain).up()` ... `.down()`; `down()` is safe to
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import socket
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from deviceplugin.inventory import fake_gpus
-from e2e import control, fakenvml, gpushare, node, procs
+from e2e import control, extender, fakenvml, gpushare, netns, node, procs
 from e2e import settings as ports
 from e2e.certmanager import CertManager
 from e2e.kube import Kubectl
@@ -149,12 +150,7 @@ class Cluster:
                       "--kubeconfig", str(self.admin_kubeconfig), "--extra-host", "127.0.0.1"],
                      "gpushare-certs install")
         self.start_webhook()
-        token_file = self.conf / "extender.token"
-        token_file.write_text(gpushare.token(kubectl, *gpushare.EXTENDER_SA))
-        self.procs.start("extender", [sys.executable, "-m", "e2e.extender", "--port", str(s.port(ports.EXTENDER)),
-                                      "--server", self.server, "--ca", str(self.pki_dir / "ca.crt"),
-                                      "--token-file", str(token_file)], cwd=REPO)
-        self.procs.wait_ready("extender", lambda: _port_open(s.port(ports.EXTENDER)), 30, "listening")
+        self.start_extender()
         plugin_token = gpushare.token(kubectl, *gpushare.PLUGIN_SA, node=s.node_name)
         kubeconfig(self.conf / "plugin.kubeconfig", self.server, self.pki_dir / "ca.crt", token=plugin_token,
                    user="gpushare-device-plugin")
@@ -162,6 +158,24 @@ class Cluster:
         # kubectl wait fails at once on an object that does not exist yet: poll for the controller's work.
         self.procs.wait_ready("kube-controller-manager", lambda: self.has("serviceaccount", "default", "default"), 60,
                               "the default ServiceAccount")
+
+    # -- the scheduler extender -----------------------------------------------------------------------
+
+    @property
+    def has_extender(self) -> bool:
+        """Whether the reference extender runs (its sources were found: toolchain.reference_missing says why not)."""
+        return self.toolchain.reference is not None
+
+    def start_extender(self) -> None:
+        """The reference scheduler extender with the ServiceAccount of manifests/extender/rbac.yaml (applied with
+        the gpushare manifests). Without its sources the scheduler still names it, so GPU-share pods wait
+        unscheduled, and the tests that need it are skipped with the line toolchain.reference_missing gives."""
+        if self.toolchain.reference is None:
+            return
+        token = gpushare.token(self.kubectl(), *gpushare.EXTENDER_SA)
+        config = kubeconfig(self.conf / "extender.kubeconfig", self.server, self.pki_dir / "ca.crt", token=token,
+                            user="gpushare-schd-extender")
+        extender.start(self.procs, self.settings, self.toolchain.reference, config, _base_env())
 
     # -- gpushare processes ---------------------------------------------------------------------------
 
@@ -256,6 +270,8 @@ class Cluster:
 def down(settings: E2eSettings) -> list[str]:
     """Stop what any run left, kill pod processes and shims, unmount and remove the node's state."""
     stopped = procs.stop_recorded(settings.run_dir)
+    with contextlib.suppress(netns.NetnsError):
+        netns.remove(extender.NETNS)
     node.kill_shims()
     killed = node.kill_pod_processes()
     node.unmount_all()

@@ -67,7 +67,8 @@ def controller_manager(settings: E2eSettings, binary: Path, pki: Path, kubeconfi
 
 def scheduler_config(settings: E2eSettings, kubeconfig: Path, path: Path) -> Path:
     """The users' KubeSchedulerConfiguration (manifests/extender/scheduler-config.yaml), pointed at this tier:
-    its kubeconfig, the extender stand-in's port, and no leader election (one scheduler)."""
+    its kubeconfig, the port where the tier forwards to the reference extender (e2e.extender), and no leader
+    election (one scheduler)."""
     config = yaml.safe_load(EXTENDER_CONFIG.read_text())
     config["clientConnection"]["kubeconfig"] = str(kubeconfig)
     config["leaderElection"] = {"leaderElect": False}

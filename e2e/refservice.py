@@ -1,10 +1,10 @@
-"""The reference device plugin's v1beta1.DevicePlugin service, shared by its real-node and simulated transports.
+"""The reference device plugin's v1beta1.DevicePlugin service, re-implemented for the simulated cluster's baseline.
 
 As the reference's server.go serves it: no options (so the kubelet never calls PreStartContainer or
 GetPreferredAllocation), every device healthy in one ListAndWatch answer, and an Allocate that holds the plugin's
 mutex for the whole call (allocate.go) around the decision e2e.refalloc makes from the API server's view. Where
-the pods come from and how the chosen one is marked is each transport's: e2e/reference_plugin.py on the real
-kubelet, tests/sim/baseline.py on the simulated one.
+the pods come from and how the chosen one is marked is the transport's (tests/sim/baseline.py). On the real node
+the tier runs the reference plugin itself, built from its sources (e2e.refstack).
 """
 
 from __future__ import annotations

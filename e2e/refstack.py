@@ -1,10 +1,13 @@
-"""Switch the running tier between the reference stack and ours, on the same node, kubelet and extender stand-in.
+"""Switch the running tier between the reference stack and ours, on the same node, kubelet and reference extender.
 
-The reference stack, as its own deployment has it: the scheduler extender and the reference device plugin, and no
-admission control of GPU-share pods (the reference has none: its plugin trusts whatever annotations a pod carries).
+The reference stack, as its own deployment has it: the reference scheduler extender (the tier's extender for every
+run, e2e.extender) and the reference device plugin, built from its sources (e2e.toolchain), and no admission control
+of GPU-share pods (the reference has none: its plugin trusts whatever annotations a pod carries).
 So `use_reference()` stops our device plugin, takes the gpushare webhook configurations and admission-policy
-bindings out of the API server (a snapshot is kept, caBundle included), and starts e2e.reference_plugin with the
-reference plugin's ServiceAccount and RBAC. Our webhook stays out of that run on purpose: in env delivery its
+bindings out of the API server (a snapshot is kept, caBundle included), and starts the reference plugin with its
+own ServiceAccount and RBAC (its device-plugin-rbac.yaml) and its DaemonSet's flags (device-plugin-ds.yaml), reading
+the GPUs through NVML from the fake library with minor numbers equal to the indexes (it names a GPU's device node
+`/dev/nvidia<minor>` and maps index to GPU by it). Our webhook stays out of that run on purpose: in env delivery its
 downward-API NVIDIA_VISIBLE_DEVICES would override the variable the reference plugin answers (the pod spec's env
 wins over a device plugin's), and its validating rules would refuse the reference plugin's ASSIGNED patch (an
 identity it does not trust), so the run would no longer show what the reference stack does.
@@ -14,61 +17,43 @@ identity it does not trust), so the run would no longer show what the reference 
 from __future__ import annotations
 
 import json
-import sys
 import time
+from pathlib import Path
 from typing import Any
 
-from e2e import gpushare
-from e2e import settings as ports
-from e2e.cluster import REPO, Cluster, _has_capacity
-from e2e.procs import StartError
+import yaml
 
-REFERENCE_PLUGIN_SA = ("kube-system", "gpushare-device-plugin")
+from deviceplugin.inventory import fake_gpus
+from e2e import fakenvml, gpushare
+from e2e.cluster import REPO, Cluster, _base_env, _has_capacity
+from e2e.pki import kubeconfig
+from e2e.procs import StartError
+from e2e.toolchain import PLUGIN_BINARY
+
+# Its DaemonSet's command (device-plugin-ds.yaml), and `-token unused`: without a kubelet token it reads the
+# in-cluster token file at start-up even though only -query-kubelet uses it (cmd/nvidia/main.go).
+FLAGS = ("-logtostderr", "--v=5", "--memory-unit=GiB", "-token", "unused")
+READY = b"Registered device plugin with Kubelet"  # pkg/gpu/nvidia/server.go, Register
 ADMISSION_KINDS = ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration",
                    "ValidatingAdmissionPolicyBinding")
 _VOLATILE = ("resourceVersion", "uid", "creationTimestamp", "generation", "managedFields")
+# Our manifests name our plugin's ClusterRole and binding gpushare-device-plugin too, and both stacks live in one
+# cluster in this tier: the reference's are applied under this suffix, with its rules and subjects as they are.
+RENAMED = "-reference"
 
-# The reference plugin's RBAC (its device-plugin-rbac.yaml: nodes and nodes/proxy read, events, pods read and
-# update/patch, nodes/status patch/update), for its ServiceAccount kube-system/gpushare-device-plugin. The
-# ClusterRole and its binding are renamed here: the reference calls them gpushare-device-plugin, the name our
-# manifests give our plugin's ClusterRole, and both stacks live in one cluster in this tier.
-REFERENCE_PLUGIN_RBAC = f"""apiVersion: v1
-kind: ServiceAccount
-metadata:
-  name: {REFERENCE_PLUGIN_SA[1]}
-  namespace: {REFERENCE_PLUGIN_SA[0]}
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRole
-metadata:
-  name: gpushare-device-plugin-reference
-rules:
-  - apiGroups: [""]
-    resources: ["nodes", "nodes/proxy"]
-    verbs: ["get", "list", "watch"]
-  - apiGroups: [""]
-    resources: ["events"]
-    verbs: ["create", "patch"]
-  - apiGroups: [""]
-    resources: ["pods"]
-    verbs: ["get", "list", "watch", "update", "patch"]
-  - apiGroups: [""]
-    resources: ["nodes/status"]
-    verbs: ["patch", "update"]
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRoleBinding
-metadata:
-  name: gpushare-device-plugin-reference
-roleRef:
-  apiGroup: rbac.authorization.k8s.io
-  kind: ClusterRole
-  name: gpushare-device-plugin-reference
-subjects:
-  - kind: ServiceAccount
-    name: {REFERENCE_PLUGIN_SA[1]}
-    namespace: {REFERENCE_PLUGIN_SA[0]}
-"""
+
+def reference_rbac(source: Path) -> tuple[str, tuple[str, str]]:
+    """The reference plugin's device-plugin-rbac.yaml (cluster-scoped names suffixed) and its ServiceAccount."""
+    docs = [d for d in yaml.safe_load_all((source / "device-plugin-rbac.yaml").read_text()) if d]
+    account = next(d["metadata"] for d in docs if d["kind"] == "ServiceAccount")
+    for doc in docs:
+        if doc["kind"] in ("ClusterRole", "ClusterRoleBinding"):
+            doc["metadata"]["name"] += RENAMED
+            doc["metadata"].pop("namespace", None)
+        if doc["kind"] == "ClusterRoleBinding":
+            doc["roleRef"]["name"] += RENAMED
+    return "\n---\n".join(yaml.safe_dump(d) for d in docs), (account["namespace"], account["name"])
+
 
 # A pod that only gpushare's admission refuses (a reserved annotation set by a user): the probe that tells whether
 # the API server has picked up the admission objects' removal or return (it caches them and updates asynchronously).
@@ -107,6 +92,9 @@ class Stacks:
         if self.current == "reference":
             return
         cluster, kubectl = self.cluster, self.cluster.kubectl()
+        binaries, source = cluster.toolchain.reference, cluster.settings.reference_src
+        if binaries is None or source is None:
+            raise StartError("the reference device plugin was not built: set GPUSHARE_E2E_REFERENCE_SRC")
         cluster.procs.stop("device-plugin")
         snapshot = []
         for kind, name in self._admission_objects():
@@ -117,21 +105,29 @@ class Stacks:
             kubectl.ok(["delete", kind, name])
         self._snapshot = snapshot
         self._wait_admission(refusing=False)
-        kubectl.ok(["apply", "-f", "-"], stdin=REFERENCE_PLUGIN_RBAC)
-        token_file = cluster.conf / "reference-plugin.token"
-        token_file.write_text(gpushare.token(kubectl, *REFERENCE_PLUGIN_SA))
+        rbac, account = reference_rbac(source / "gpushare-device-plugin")
+        kubectl.ok(["apply", "-f", "-"], stdin=rbac)
+        config = kubeconfig(cluster.conf / "reference-plugin.kubeconfig", cluster.server,
+                            cluster.pki_dir / "ca.crt", token=gpushare.token(kubectl, *account),
+                            user="gpushare-device-plugin")
         s = cluster.settings
+        env = {**_base_env(), **self.nvml_env(), "KUBECONFIG": str(config), "NODE_NAME": s.node_name}
         log = cluster.log("reference-plugin")
         offset = log.stat().st_size if log.exists() else 0
-        cluster.procs.start("reference-plugin", [
-            sys.executable, "-m", "e2e.reference_plugin", "--node", s.node_name, "--fake-gpus", s.fake_gpus,
-            "--server", f"https://127.0.0.1:{s.port(ports.API_SERVER)}", "--ca", str(cluster.pki_dir / "ca.crt"),
-            "--token-file", str(token_file)], cwd=REPO)
-        cluster.procs.wait_ready("reference-plugin", lambda: b"registered" in log.read_bytes()[offset:], 60,
+        cluster.procs.start("reference-plugin", [str(binaries / PLUGIN_BINARY), *FLAGS], env=env, cwd=REPO)
+        cluster.procs.wait_ready("reference-plugin", lambda: READY in log.read_bytes()[offset:], 60,
                                  "registered with the kubelet")
         cluster.procs.wait_ready("reference-plugin", lambda: _has_capacity(kubectl, s.node_name), 60,
                                  "the node advertising aliyun.com/gpu-mem")
         self.current = "reference"
+
+    def nvml_env(self) -> dict[str, str]:
+        """The fake NVML library with the tier's GPUs, each with a minor number equal to its index (the reference
+        plugin sscanf's /dev/nvidia<minor> and fails without one); the device nodes are never opened."""
+        s = self.cluster.settings
+        gpus = fake_gpus(s.fake_gpus, s.node_name, "MiB")
+        library = fakenvml.build(s.cache_dir / "fakenvml")
+        return fakenvml.environment(library, fakenvml.gpu_list((g.memory_units, g.uuid, g.index) for g in gpus))
 
     def use_ours(self, delivery: str) -> None:
         cluster = self.cluster

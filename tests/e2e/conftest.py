@@ -44,6 +44,14 @@ def delivery(request: pytest.FixtureRequest, cluster: Cluster) -> str:
 
 
 @pytest.fixture
+def needs_extender(cluster: Cluster) -> None:
+    """GPU-share pods are placed by the reference scheduler extender, built from its sources; without them the
+    scheduler cannot place such pods, and a test that needs it is skipped with the line that names what is missing."""
+    if not cluster.has_extender:
+        pytest.skip(toolchain.reference_missing(cluster.settings) or "the reference extender is not running")
+
+
+@pytest.fixture
 def kubectl(cluster: Cluster) -> Kubectl:
     return cluster.kubectl()
 
@@ -62,8 +70,9 @@ def namespace(cluster: Cluster, kubectl: Kubectl) -> Iterator[str]:
 
 
 # Modules that reinstall gpushare on the running cluster (cert-manager in place of `gpushare-certs install`) run
-# after every other test, so the rest of the tier always sees the install the cluster started with.
-REINSTALLING = ("test_cert_manager.py",)
+# after every other test, so the rest of the tier always sees the install the cluster started with; the audit of the
+# extender's writes runs last of all, over the whole run.
+LAST = ("test_cert_manager.py", "test_extender_writes.py")
 
 
 @pytest.hookimpl(trylast=True)
@@ -71,4 +80,4 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # The cluster's start-up and a scenario with pulls of several seconds take minutes, not the unit tier's 120 s.
     for item in items:
         item.add_marker(pytest.mark.timeout(900))
-    items.sort(key=lambda item: item.path.name in REINSTALLING)
+    items.sort(key=lambda item: LAST.index(item.path.name) + 1 if item.path.name in LAST else 0)

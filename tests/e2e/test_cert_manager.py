@@ -32,6 +32,9 @@ from e2e.pki import kubeconfig
 from tests.e2e import workloads
 from webhook.protocol import Contract
 
+# GPU-share pods here are placed by the reference scheduler extender (skipped, with the reason, without it).
+pytestmark = pytest.mark.usefixtures("needs_extender")
+
 INTENT_KEY = Contract().intent_key
 
 NS = gpushare.NAMESPACE

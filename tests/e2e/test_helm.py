@@ -14,12 +14,17 @@ import subprocess
 import sys
 from typing import Any
 
+import pytest
+
 from e2e import gpushare
 from e2e import settings as ports
 from e2e.cluster import REPO, Cluster
 from e2e.kube import Kubectl
 from tests.e2e import workloads as w
 from tests.manifests import helm
+
+# GPU-share pods here are placed by the reference scheduler extender (skipped, with the reason, without it).
+pytestmark = pytest.mark.usefixtures("needs_extender")
 
 CONFIGURATIONS = ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
 STAMP = ("gpushare.io/intent", "gpushare.io/intent-signature")

@@ -13,6 +13,9 @@ from e2e.kube import Kubectl, KubeError, Rest
 from tests.e2e import workloads as w
 from webhook.protocol import IDX
 
+# GPU-share pods here are placed by the reference scheduler extender (skipped, with the reason, without it).
+pytestmark = pytest.mark.usefixtures("needs_extender")
+
 
 def test_apply_and_get_show_a_stamped_pod(cluster: Cluster, kubectl: Kubectl, namespace: str) -> None:
     spec = w.pod("applied", [w.container("main", w.image(cluster), 4)])

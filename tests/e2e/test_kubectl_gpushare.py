@@ -12,10 +12,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from e2e.cluster import Cluster
 from e2e.kube import Kubectl, kubectl_path
 from tests.e2e import workloads as w
 from webhook.protocol import ASSIGNED, IDX, POD
+
+# GPU-share pods here are placed by the reference scheduler extender (skipped, with the reason, without it).
+pytestmark = pytest.mark.usefixtures("needs_extender")
 
 PLUGIN_DIR = Path(sys.executable).parent  # where `pip install` put kubectl-gpushare
 
@@ -52,7 +57,7 @@ def test_the_table_and_json_say_what_the_annotations_say(cluster: Cluster, kubec
     direct["spec"]["nodeName"] = node
     pods = [w.pod("small", [w.container("main", img, 4)]),
             w.pod("pair", [w.container("a", img, 8), w.container("b", img, 2)]),
-            w.pod("prepared", [w.container("main", img, 6)], [w.container("prep", img, 12, then="exit 0")]),
+            w.pod("prepared", [w.container("main", img, 12)], [w.container("prep", img, 6, then="exit 0")]),
             w.pod("huge", [w.container("main", img, 80)]), direct]
     assert w.create(kubectl, namespace, *pods)[0] == 0
 
@@ -90,7 +95,7 @@ def test_the_table_and_json_say_what_the_annotations_say(cluster: Cluster, kubec
     detail = cells(lines[lines.index("") + 1:])
     assert {(r["POD"], r["CONTAINER"], r["UNITS"], r["STATE"]) for r in detail} == {
         ("small", "main", "4", "allocated"), ("pair", "a", "8", "allocated"), ("pair", "b", "2", "allocated"),
-        ("prepared", "prep (init)", "12", "allocated"), ("prepared", "main", "6", "allocated"),
+        ("prepared", "prep (init)", "6", "allocated"), ("prepared", "main", "12", "allocated"),
         ("direct", "main", "3", "refused"), ("huge", "main", "80", "stamped")}
     assert {r["REASON"] for r in detail if r["POD"] == "direct"} == {refused["reason"]}
 

@@ -19,13 +19,14 @@ def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
             for family in text_string_to_metric_families(text) for s in family.samples}
 
 
-def test_a_pod_larger_than_any_gpu_waits_with_the_extenders_reason(cluster: Cluster, kubectl: Kubectl,
-                                                                  namespace: str) -> None:
+def test_a_pod_larger_than_any_gpu_waits_with_the_extenders_reason(cluster: Cluster, needs_extender: None,
+                                                                  kubectl: Kubectl, namespace: str) -> None:
     assert w.create(kubectl, namespace, w.pod("huge", [w.container("main", w.image(cluster), 80)]))[0] == 0
 
     def explained() -> bool:
-        return any(e.get("reason") == "FailedScheduling" and "has 80 units free" in e.get("message", "")
-                   for e in w.events(kubectl, namespace, "huge"))
+        # The reference extender's filter (pkg/scheduler/predicate.go, checkNode), in the scheduler's Event.
+        return any(e.get("reason") == "FailedScheduling" and "Insufficient GPU Memory in one device" in
+                   e.get("message", "") for e in w.events(kubectl, namespace, "huge"))
 
     w.wait("a FailedScheduling event with the extender's reason", explained, 60)
     assert not w.pods(kubectl, namespace)[0]["spec"].get("nodeName")

@@ -8,9 +8,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from e2e.cluster import Cluster
 from e2e.kube import Kubectl
 from tests.e2e import workloads as w
+
+# GPU-share pods here are placed by the reference scheduler extender (skipped, with the reason, without it).
+pytestmark = pytest.mark.usefixtures("needs_extender")
 
 KUBELET_SOCKET = "/var/lib/kubelet/device-plugins/kubelet.sock"
 
@@ -103,7 +108,7 @@ def test_webhook_outage_refuses_gpu_pods_only(cluster: Cluster, kubectl: Kubectl
 def test_kubelet_restart_keeps_a_running_pod_whose_init_container_had_gpu_memory(
         cluster: Cluster, delivery: str, kubectl: Kubectl, namespace: str) -> None:
     img = w.image(cluster)
-    spec = w.pod("inited", [w.container("main", img, 4)], [w.container("prep", img, 8, then="exit 0")])
+    spec = w.pod("inited", [w.container("main", img, 8)], [w.container("prep", img, 4, then="exit 0")])
     assert w.create(kubectl, namespace, spec)[0] == 0
     w.wait_running(kubectl, namespace, 1, 120)
     cluster.procs.stop("kubelet")

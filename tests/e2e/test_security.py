@@ -9,8 +9,8 @@ from e2e.kube import Kubectl
 from tests.e2e import workloads as w
 
 
-def test_an_image_that_selects_every_gpu_gets_none(cluster: Cluster, delivery: str, kubectl: Kubectl,
-                                                    namespace: str) -> None:
+def test_an_image_that_selects_every_gpu_gets_none(cluster: Cluster, needs_extender: None, delivery: str,
+                                                    kubectl: Kubectl, namespace: str) -> None:
     """Like every nvidia/cuda image, `cuda-like` sets NVIDIA_VISIBLE_DEVICES=all in its image config."""
     img = w.image(cluster, repository="cuda-like")
     gpu_pod = w.pod("gpu", [w.container("main", img, 4), w.container("sidecar", img)])

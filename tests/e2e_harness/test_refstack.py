@@ -1,5 +1,6 @@
-"""The reference algorithm's device plugin (e2e.reference_plugin) against a fake of the tier's REST client, the
-shared decision (e2e.refalloc), the audit-log reader and the scheduler configuration the tier renders."""
+"""The reference stack's wiring on the tier (the reference plugin's RBAC, the extender's namespace, forwarder and
+environment), the reference algorithm's decision the simulated baseline runs (e2e.refalloc), the audit-log reader and
+the scheduler configuration the tier renders."""
 
 from __future__ import annotations
 
@@ -10,13 +11,11 @@ from typing import Any
 import pytest
 import yaml
 
-from deviceplugin.api import deviceplugin_pb2 as dp
 from deviceplugin.inventory import fake_gpus
-from e2e import audit
+from e2e import audit, extender
 from e2e.control import EXTENDER_USER, scheduler_config
-from e2e.kube import KubeError
 from e2e.refalloc import decide
-from e2e.reference_plugin import ReferencePlugin
+from e2e.refstack import reference_rbac
 from e2e.settings import from_environ
 from webhook.protocol import ASSIGNED, ASSUME_TIME, IDX
 
@@ -48,62 +47,6 @@ def test_decide(pods: list[dict[str, Any]], units: int, gpus: list[Any], visible
     decision = decide(pods, "node-a", units, gpus, resource=RESOURCE, unit="GiB")
     assert decision.visible == visible
     assert (decision.pod or {}).get("metadata", {}).get("name") == chosen
-
-
-class FakeApi:
-    def __init__(self, pods: list[dict[str, Any]], fail_patches: int = 0, status: int = 409) -> None:
-        self.pods = pods
-        self.fail_patches = fail_patches
-        self.status = status
-        self.paths: list[str] = []
-        self.patches: list[tuple[str, Any, str]] = []
-
-    def get(self, path: str) -> Any:
-        self.paths.append(path)
-        return {"items": self.pods}
-
-    def call(self, method: str, path: str, body: Any = None, content_type: str = "application/json") -> Any:
-        self.patches.append((path, body, content_type))
-        if self.fail_patches:
-            self.fail_patches -= 1
-            raise KubeError(self.status, "the object has been modified")
-        return {}
-
-
-def allocate(api: FakeApi, *sizes: int) -> list[dict[str, str]]:
-    plugin = ReferencePlugin("node-a", GPUS, api, Path("/nonexistent"))
-    request = dp.AllocateRequest(container_requests=[
-        dp.ContainerAllocateRequest(devices_ids=[f"d{i}" for i in range(n)]) for n in sizes])
-    response = plugin.Allocate(request, None)  # type: ignore[arg-type]
-    return [dict(r.envs) for r in response.container_responses]
-
-
-def test_allocate_lists_pending_pods_and_marks_the_guess_assigned() -> None:
-    api = FakeApi([pod("p", [3], idx="1")])
-    [envs] = allocate(api, 3)
-    assert envs == {"NVIDIA_VISIBLE_DEVICES": GPUS[1].uuid, "ALIYUN_COM_GPU_MEM_IDX": "1",
-                    "ALIYUN_COM_GPU_MEM_POD": "3", "ALIYUN_COM_GPU_MEM_CONTAINER": "3", "ALIYUN_COM_GPU_MEM_DEV": "16"}
-    assert "fieldSelector=spec.nodeName%3Dnode-a%2Cstatus.phase%3DPending" in api.paths[0]
-    [(path, body, kind)] = api.patches
-    assert path == "/api/v1/namespaces/ns/pods/p" and kind == "application/strategic-merge-patch+json"
-    assert body["metadata"]["annotations"][ASSIGNED] == "true"
-
-
-@pytest.mark.parametrize(("failures", "status", "visible"), [
-    (1, 409, GPUS[1].uuid),  # a conflict is retried once
-    (2, 409, "no-gpu-has-3GiB-to-run"),
-    (1, 403, "no-gpu-has-3GiB-to-run"),  # anything else: the made-up answer at once
-])
-def test_a_failed_mark_gives_the_made_up_answer(failures: int, status: int, visible: str) -> None:
-    api = FakeApi([pod("p", [3], idx="1")], fail_patches=failures, status=status)
-    [envs] = allocate(api, 3)
-    assert envs["NVIDIA_VISIBLE_DEVICES"] == visible
-
-
-def test_every_container_of_a_request_gets_the_same_answer() -> None:
-    envs = allocate(FakeApi([pod("p", [2, 2])]), 2, 2)
-    assert [e["NVIDIA_VISIBLE_DEVICES"] for e in envs] == [GPUS[1].uuid] * 2
-    assert [e["ALIYUN_COM_GPU_MEM_CONTAINER"] for e in envs] == ["2", "2"]
 
 
 def event(verb: str, name: str, code: int, body: Any, user: str = EXTENDER_USER, sub: str = "") -> str:
@@ -141,3 +84,44 @@ def test_the_tier_runs_the_users_scheduler_configuration(tmp_path: Path) -> None
     assert (extender["filterVerb"], extender["bindVerb"], extender["nodeCacheCapable"]) == ("filter", "bind", True)
     assert extender["managedResources"] == [{"name": RESOURCE, "ignoredByScheduler": False}]
     assert config["clientConnection"]["kubeconfig"] == str(tmp_path / "kubeconfig")
+
+
+def test_the_extender_runs_in_its_namespace_behind_one_forwarder(tmp_path: Path) -> None:
+    settings = from_environ({"GPUSHARE_E2E_PORT_BASE": "30000"})
+    argv = extender.forwarder_argv(settings)
+    # The scheduler's port into the namespace's extender port; the API server's port out, the same number inside.
+    assert argv[argv.index("--into") + 1] == f"30005:{extender.PORT}"
+    assert argv[argv.index("--out") + 1] == "30003:30003"
+    assert extender.url(settings) == "http://127.0.0.1:30005/gpushare-scheduler"
+    env = extender.environment(tmp_path / "kubeconfig")
+    assert env == {"KUBECONFIG": str(tmp_path / "kubeconfig"), "PORT": str(extender.PORT), "LOG_LEVEL": "info"}
+
+
+def test_the_reference_plugins_rbac_is_its_own_file_renamed_beside_ours(tmp_path: Path) -> None:
+    (tmp_path / "device-plugin-rbac.yaml").write_text("""# rbac.yaml
+---
+kind: ClusterRole
+apiVersion: rbac.authorization.k8s.io/v1
+metadata: {name: gpushare-device-plugin}
+rules: [{apiGroups: [""], resources: [pods], verbs: [patch]}]
+---
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: gpushare-device-plugin, namespace: kube-system}
+---
+kind: ClusterRoleBinding
+apiVersion: rbac.authorization.k8s.io/v1
+metadata: {name: gpushare-device-plugin, namespace: kube-system}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: gpushare-device-plugin}
+subjects: [{kind: ServiceAccount, name: gpushare-device-plugin, namespace: kube-system}]
+""")
+    text, account = reference_rbac(tmp_path)
+    docs = list(yaml.safe_load_all(text))
+    assert account == ("kube-system", "gpushare-device-plugin")
+    assert [(d["kind"], d["metadata"]["name"]) for d in docs] == [
+        ("ClusterRole", "gpushare-device-plugin-reference"), ("ServiceAccount", "gpushare-device-plugin"),
+        ("ClusterRoleBinding", "gpushare-device-plugin-reference")]
+    assert docs[0]["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["patch"]}]
+    assert docs[2]["roleRef"]["name"] == "gpushare-device-plugin-reference" and "namespace" not in docs[2]["metadata"]
+    assert docs[2]["subjects"] == [{"kind": "ServiceAccount", "name": "gpushare-device-plugin",
+                                    "namespace": "kube-system"}]

@@ -20,6 +20,7 @@ from e2e import settings as ports
 from e2e.cluster import Cluster
 from e2e.images import REPORT
 from e2e.kube import Kubectl
+from e2e.settings import E2eSettings
 from webhook.protocol import IDX, POD
 
 RESOURCE = "aliyun.com/gpu-mem"
@@ -158,6 +159,11 @@ def gpu_of(rep: Report, delivery: str, node: str, fake: str) -> int | None:
     return index
 
 
+def fake_capacity(settings: E2eSettings) -> int:
+    """The memory of one of the tier's (fake) GPUs, in GiB."""
+    return fake_gpus(settings.fake_gpus, settings.node_name, "GiB")[0].memory_units
+
+
 def annotations_of(p: Mapping[str, Any]) -> dict[str, str]:
     return dict((p.get("metadata") or {}).get("annotations") or {})
 
@@ -168,9 +174,12 @@ def assigned_index(p: Mapping[str, Any]) -> int | None:
 
 
 def promised(live: Iterable[Mapping[str, Any]]) -> dict[int, int]:
-    """Units promised per GPU by the given pods' annotations."""
+    """Units promised per GPU by the given pods' annotations (a finished pod, e.g. one the kubelet rejected, holds
+    nothing, for the extender as for the plugin)."""
     used: dict[int, int] = {}
     for p in live:
+        if phase(p) in ("Failed", "Succeeded"):
+            continue
         index, total = assigned_index(p), annotations_of(p).get(POD, "0")
         if index is not None and total.isdigit():
             used[index] = used.get(index, 0) + int(total)

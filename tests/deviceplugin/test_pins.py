@@ -65,10 +65,14 @@ def node(tmp_path: Path, inventory: Inventory, signer: Ed25519PrivateKey) -> Ite
     holdings = FakeHoldings([Holding("team", "p", "main", ids)])
     settings = plugin_settings(str(tmp_path))
 
+    made: list[Service] = []
+
     def service() -> Service:
-        made = Service(settings, inventory, api, holdings, signer.public_key())
-        api.settle = made.events.flush
-        return made
+        made.append(Service(settings, inventory, api, holdings, signer.public_key()))
+        # Every service's queued Events, a restarted one's and the one before it: otherwise the first one's
+        # allocation Event may land after the second one's refusal.
+        api.settle = lambda: [m.events.flush() for m in made]
+        return made[-1]
 
     yield api, (service, list(ids))
 

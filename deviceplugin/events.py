@@ -25,6 +25,10 @@ BURST = 3
 EVERY = 300.0
 # A node runs at most a few hundred pods (kubelet --max-pods, 110 by default), each refused for a reason or two.
 KEYS = 4096
+# Refusals that tell of the normal course of things, not of a fault: a container of a pod being deleted is not
+# started, and the pod goes away by itself. A Normal Event and an INFO log line; the kubelet's own Event for the
+# failed container start stays a Warning.
+NORMAL_REFUSALS = frozenset({"GpuSharePodDeleting"})
 
 
 class TokenBuckets:
@@ -70,8 +74,10 @@ class EventRecorder:
         self.buckets = buckets if buckets is not None else TokenBuckets()  # an empty one has len() 0
 
     def refused(self, call: str, pod: Mapping[str, Any], reason: str, message: str) -> None:
-        log.warning("%s refused pod %s (%s): %s", call, pod_ref(pod), reason, message)
-        self._post(pod, "Warning", reason, message)
+        normal = reason in NORMAL_REFUSALS
+        log.log(logging.INFO if normal else logging.WARNING, "%s refused pod %s (%s): %s", call, pod_ref(pod), reason,
+                message)
+        self._post(pod, "Normal" if normal else "Warning", reason, message)
 
     def allocated(self, pod: Mapping[str, Any], message: str) -> None:
         self._post(pod, "Normal", "GpuShareAllocated", message)

@@ -13,8 +13,8 @@ from prometheus_client.registry import Collector
 
 from deviceplugin.apiserver import ApiServer, ApiServerError, Conflict, PodListener
 from deviceplugin.inventory import Inventory
-from deviceplugin.trust import Context, Refusal
-from deviceplugin.usage import node_usage, recorded_pin
+from deviceplugin.trust import Context
+from deviceplugin.usage import holding_of, node_usage, recorded_pin
 from webhook.settings import SettingsError
 
 log = logging.getLogger(__name__)
@@ -26,7 +26,7 @@ OUTCOMES = ("ok", "invalid_argument", "failed_precondition", "unavailable", "dea
 REASONS = (
     "GpuShareNoIntent", "GpuShareBadSignature", "GpuShareBadIntent", "GpuShareBadAssignment", "GpuShareNotPlaced",
     "GpuShareUnhealthy", "GpuShareMoved", "GpuShareNoRoom", "GpuShareNoEnv", "GpuShareCdiFailed",
-    "GpuShareUnknownDevices", "GpuSharePodGone", "GpuShareNoCandidate", "GpuShareRefused",
+    "GpuShareUnknownDevices", "GpuSharePodGone", "GpuSharePodDeleting", "GpuShareNoCandidate", "GpuShareRefused",
     "GpuShareInvalidRequest", "GpuShareUnavailable", "GpuShareTimeout", "GpuShareInternalError",
 )
 BY_CODE = {
@@ -86,14 +86,15 @@ class PluginMetrics:
 
 
 def units_by_gpu(pods: Sequence[Mapping[str, Any]], ctx: Context) -> dict[int, tuple[int, int]]:
-    """GPU index -> (units promised to believed pods placed on it, units of those with an allocation record)."""
+    """GPU index -> (units promised to believed pods placed on it, units of those with an allocation record); a pod
+    being deleted counts only while a GPU-share container of it may run (deviceplugin/usage.py)."""
     usage = node_usage(pods, ctx)
     allocated: dict[int, int] = {}
     for pod in pods:
         pin = recorded_pin(pod, ctx)
-        verdict = ctx.verdicts.intent(pod, ctx) if pin is not None else None
-        if pin is not None and verdict is not None and not isinstance(verdict, Refusal):
-            allocated[pin.index] = allocated.get(pin.index, 0) + verdict.total
+        held = holding_of(pod, str((pod.get("metadata") or {}).get("uid") or ""), ctx) if pin is not None else None
+        if pin is not None and held is not None:
+            allocated[pin.index] = allocated.get(pin.index, 0) + held[1].units
     return {index: (usage.on(index)[0], allocated.get(index, 0)) for index in ctx.gpus}
 
 

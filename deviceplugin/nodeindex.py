@@ -10,7 +10,7 @@ from typing import Any
 
 from deviceplugin.resolve import Offer, allocation_offer
 from deviceplugin.trust import Context
-from deviceplugin.usage import live_on_node, promise_of
+from deviceplugin.usage import Holder, holding_of
 from webhook.protocol import pod_ref
 
 
@@ -29,6 +29,8 @@ class NodeIndex:
     container still waiting for devices; per slot: the pods holding it; per GPU: the units believed pods hold.
 
     The signature of a pod is checked once per version, when the watch delivers it (ctx.verdicts), never per call.
+    Every change of a pod is a new version, so its deletionTimestamp and each container's new state count it again
+    (a pod being deleted holds its units only while a GPU-share container of it may run: deviceplugin/usage.py).
     Until the first listing arrives (and while the watch is broken) `synced` is False and callers list instead.
     """
 
@@ -39,7 +41,7 @@ class NodeIndex:
         self._entries: dict[str, _Entry] = {}
         self._waiting: dict[int, dict[str, None]] = {}  # units -> pods with a container of that size and no slot
         self._holding: dict[tuple[int, str], dict[str, None]] = {}  # (units, slot) -> pods holding it
-        self._on_gpu: dict[int, dict[str, int]] = {}  # GPU index -> pod uid -> units it holds there
+        self._on_gpu: dict[int, dict[str, Holder]] = {}  # GPU index -> pod uid -> what it holds there
         self._counted: dict[str, int] = {}  # pod uid -> the GPU index it is counted on
 
     # -- fed by the watch ------------------------------------------------------------------------------
@@ -72,7 +74,7 @@ class NodeIndex:
         if known is not None and version and known.version == version:
             return
         offer = allocation_offer(pod, self.ctx)  # outside the lock: it may check a signature
-        promise = self._promise(uid, pod)
+        held = holding_of(pod, uid, self.ctx)
         entry = _Entry(version, str(meta.get("namespace") or ""), str(meta.get("name") or ""), pod_ref(pod), pod,
                        offer if isinstance(offer, Offer) else None)
         with self._lock:
@@ -82,7 +84,7 @@ class NodeIndex:
                 table = self._waiting.setdefault(units, {}) if slot is None else self._holding.setdefault(
                     (units, slot), {})
                 table[uid] = None
-            self._count(uid, promise)
+            self._count(uid, held)
 
     def remove(self, uid: str) -> None:
         with self._lock:
@@ -94,7 +96,7 @@ class NodeIndex:
             entry = self._entries.get(uid)
             if entry is not None:
                 self._uncount(uid)
-                self._count(uid, self._promise(uid, entry.pod))
+                self._count(uid, holding_of(entry.pod, uid, self.ctx))
 
     # -- read by the kubelet's calls -------------------------------------------------------------------
 
@@ -112,12 +114,11 @@ class NodeIndex:
                 return None
             return [(self._entries[u].namespace, self._entries[u].name, u) for u in dict.fromkeys(uids)]
 
-    def usage_on(self, index: int, exclude_uid: str = "") -> tuple[int, list[str]]:
-        """Units promised on GPU `index` and to whom ("namespace/name (units)"), the pod `exclude_uid` left out."""
+    def usage_on(self, index: int, exclude_uid: str = "") -> tuple[int, list[Holder]]:
+        """Units promised on GPU `index` and to whom, the pod `exclude_uid` left out."""
         with self._lock:
-            held = self._on_gpu.get(index, {})
-            users = [(uid, units) for uid, units in held.items() if uid != exclude_uid]
-            return sum(u for _, u in users), [f"{self._entries[uid].ref} ({units})" for uid, units in users]
+            holders = [h for uid, h in self._on_gpu.get(index, {}).items() if uid != exclude_uid]
+            return sum(h.units for h in holders), holders
 
     def name_of(self, uid: str) -> tuple[str, str] | None:
         """(namespace, name) of the pod with this UID, if it is on this node."""
@@ -141,15 +142,10 @@ class NodeIndex:
                     del table[key]
         self._uncount(uid)
 
-    def _promise(self, uid: str, pod: Mapping[str, Any]) -> tuple[int, int] | None:
-        if not live_on_node(pod, self.ctx.node_name):
-            return None
-        return promise_of(pod, uid, self.ctx)  # the pin first, else IDX; believed pods only
-
-    def _count(self, uid: str, promise: tuple[int, int] | None) -> None:
-        if promise is not None:
-            index, units = promise
-            self._on_gpu.setdefault(index, {})[uid] = units
+    def _count(self, uid: str, held: tuple[int, Holder] | None) -> None:
+        if held is not None:  # the pin first, else IDX; believed pods only
+            index, holder = held
+            self._on_gpu.setdefault(index, {})[uid] = holder
             self._counted[uid] = index
 
     def _uncount(self, uid: str) -> None:

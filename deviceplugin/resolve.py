@@ -10,8 +10,10 @@ from typing import Any
 
 from deviceplugin.inventory import Gpu
 from deviceplugin.pins import moved
+from deviceplugin.room import deleting_refusal, room_refusal
 from deviceplugin.trust import Context, Refusal, stamped_intent
-from deviceplugin.usage import live_on_node, node_usage
+from deviceplugin.usage import Holder, live_on_node, node_usage
+from webhook.holding import terminating
 from webhook.protocol import (
     ASSIGNED,
     DEV,
@@ -190,9 +192,10 @@ def _recorded(
 
 def validate(
     pod: Mapping[str, Any], containers: Sequence[str], device_ids: Sequence[str], ctx: Context,
-    others: Sequence[Mapping[str, Any]], *, usage: Callable[[int, str], tuple[int, list[str]]] | None = None,
+    others: Sequence[Mapping[str, Any]], *, usage: Callable[[int, str], tuple[int, list[Holder]]] | None = None,
 ) -> Accepted | NeedsPlacement:
-    """Accept the pod holding these devices only if its stamped, signed intent and its assignment hold up.
+    """Accept the pod holding these devices only if it is not being deleted, and its stamped, signed intent and its
+    assignment hold up.
 
     The room on the GPU is judged over `others` (this node's pods), or asked of `usage(index, exclude_uid)` (the
     node index) when given."""
@@ -201,6 +204,8 @@ def validate(
     node = (pod.get("spec") or {}).get("nodeName")
     if node != ctx.node_name:
         raise Refusal(f"{who} is bound to node {node!r}, not to this node {ctx.node_name!r}; restart the kubelet")
+    if terminating(pod):
+        raise deleting_refusal(who, ctx)
     intent = stamped_intent(pod, ctx, who)
     unit = ctx.contract.unit
     for name in containers:
@@ -236,16 +241,12 @@ def validate(
         raise Refusal(move, reason="GpuShareMoved")
     slot = slot_of(device_ids)
     if usage is not None:
-        used, users = usage(gpu.index, uid)
+        _, holders = usage(gpu.index, uid)
     else:
-        used, users = node_usage(others, ctx, exclude_uid=uid).on(gpu.index)
-    if used + intent.total > gpu.memory_units:
-        raise Refusal(
-            f"{who} needs {intent.total} {unit} on GPU {gpu.index}, but {used} of its {gpu.memory_units} {unit} "
-            f"are already promised to {', '.join(users[:5])}; the scheduler extender's view of node "
-            f"{ctx.node_name} is out of date: recreate the pod",
-            reason="GpuShareNoRoom",
-        )
+        _, holders = node_usage(others, ctx, exclude_uid=uid).on(gpu.index)
+    no_room = room_refusal(who, intent.total, gpu, holders, ctx)
+    if no_room is not None:
+        raise no_room
     recorded = _recorded(annotations, intent, assignment, gpu, ctx, who=who)
     key = ctx.contract.allocation_key
     merged = dict(recorded)

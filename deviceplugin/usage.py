@@ -1,4 +1,5 @@
-"""What this node's GPUs already carry: believed pods only, each on the GPU it is pinned to (pure)."""
+"""What this node's GPUs already carry: believed pods only, each on the GPU it is pinned to, and a pod being deleted
+only while a GPU-share container of it may still run (pure)."""
 
 from __future__ import annotations
 
@@ -8,24 +9,42 @@ from typing import Any
 
 from deviceplugin.pins import Pin
 from deviceplugin.trust import Context, Refusal
-from webhook.protocol import IDX, ProtocolError, parse_allocation, parse_assignment, pod_ref, read_annotations
-
-TERMINAL_PHASES = ("Succeeded", "Failed")
+from webhook.holding import finished, still_running, terminating
+from webhook.protocol import (
+    IDX,
+    Intent,
+    ProtocolError,
+    parse_allocation,
+    parse_assignment,
+    pod_ref,
+    read_annotations,
+)
 
 
 def live_on_node(pod: Mapping[str, Any], node_name: str) -> bool:
-    return (pod.get("spec") or {}).get("nodeName") == node_name and (pod.get("status") or {}).get(
-        "phase"
-    ) not in TERMINAL_PHASES
+    return (pod.get("spec") or {}).get("nodeName") == node_name and not finished(pod)
+
+
+@dataclass(frozen=True)
+class Holder:
+    """A pod holding units on a GPU; `leaving`: it is being deleted while a GPU-share container of it may still
+    run, so its units come free by themselves once it stops (within its termination grace period)."""
+
+    ref: str
+    units: int
+    leaving: bool = False
+
+    def __str__(self) -> str:
+        return f"{self.ref} ({self.units})"
 
 
 @dataclass(frozen=True)
 class Usage:
     used: dict[int, int] = field(default_factory=dict)  # GPU index -> units promised
-    users: dict[int, list[str]] = field(default_factory=dict)  # GPU index -> "namespace/name (units)"
+    holders: dict[int, list[Holder]] = field(default_factory=dict)  # GPU index -> who holds them
 
-    def on(self, index: int) -> tuple[int, list[str]]:
-        return self.used.get(index, 0), self.users.get(index, [])
+    def on(self, index: int) -> tuple[int, list[Holder]]:
+        return self.used.get(index, 0), self.holders.get(index, [])
 
 
 def node_usage(pods: Sequence[Mapping[str, Any]], ctx: Context, exclude_uid: str = "") -> Usage:
@@ -35,18 +54,51 @@ def node_usage(pods: Sequence[Mapping[str, Any]], ctx: Context, exclude_uid: str
     usage = Usage()
     for pod in pods:
         uid = str((pod.get("metadata") or {}).get("uid") or "")
-        if not live_on_node(pod, ctx.node_name) or (exclude_uid and uid == exclude_uid):
+        if exclude_uid and uid == exclude_uid:
             continue
-        promise = promise_of(pod, uid, ctx)
-        if promise is not None:
-            index, units = promise
-            usage.used[index] = usage.used.get(index, 0) + units
-            usage.users.setdefault(index, []).append(f"{pod_ref(pod)} ({units})")
+        held = holding_of(pod, uid, ctx)
+        if held is not None:
+            index, holder = held
+            usage.used[index] = usage.used.get(index, 0) + holder.units
+            usage.holders.setdefault(index, []).append(holder)
     return usage
 
 
-def promise_of(pod: Mapping[str, Any], uid: str, ctx: Context) -> tuple[int, int] | None:
-    """(GPU index, units) a believed pod holds on this node: its pin, else its IDX; None for any other pod."""
+def holding_of(pod: Mapping[str, Any], uid: str, ctx: Context) -> tuple[int, Holder] | None:
+    """(GPU index, what it holds there) for a believed pod of this node that still holds its memory, else None.
+
+    The scheduler extender frees a pod's memory as soon as the pod is deleted (webhook/holding.py), so a pod being
+    deleted counts only while one of its GPU-share containers may still run: its status shows it running, or this
+    plugin delivered it (the allocation record lists it; a pinned pod without a readable record: any of them) and
+    its status does not show it terminated yet."""
+    if not live_on_node(pod, ctx.node_name):
+        return None
+    promise = promise_of(pod, uid, ctx)
+    if promise is None:
+        return None
+    index, intent = promise
+    leaving = terminating(pod)
+    if leaving:
+        names = [*intent.containers, *intent.init_containers]
+        if not still_running(pod, names, _delivered(pod, uid, ctx, names)):
+            return None
+    return index, Holder(pod_ref(pod), intent.total, leaving)
+
+
+def _delivered(pod: Mapping[str, Any], uid: str, ctx: Context, names: Sequence[str]) -> frozenset[str]:
+    """The containers this plugin delivered: its allocation record's (the record is patched before a container of
+    a pod that is not being deleted starts, so a pod version with a deletionTimestamp lists them all)."""
+    text = read_annotations(pod).get(ctx.contract.allocation_key)
+    if text is not None:
+        try:
+            return frozenset(parse_allocation(text, ctx.contract.allocation_key).containers)
+        except ProtocolError:
+            pass
+    return frozenset(names) if uid and ctx.pins.get(uid) is not None else frozenset()
+
+
+def promise_of(pod: Mapping[str, Any], uid: str, ctx: Context) -> tuple[int, Intent] | None:
+    """(GPU index, signed intent) of a believed pod on this node: its pin, else its IDX; None for any other pod."""
     pinned = ctx.pins.get(uid) if uid else None
     annotations = read_annotations(pod)
     if pinned is not None:
@@ -68,7 +120,7 @@ def promise_of(pod: Mapping[str, Any], uid: str, ctx: Context) -> tuple[int, int
         ctx.verdicts.report(uid, f"Pod {pod_ref(pod)} names GPU {index} of node {ctx.node_name} but is not counted "
                                  f"in its usage because it is not believed: {verdict.message}.")
         return None
-    return index, verdict.total
+    return index, verdict
 
 
 def recorded_pin(pod: Mapping[str, Any], ctx: Context) -> Pin | None:

@@ -28,8 +28,9 @@ It reads node capacity and pod annotations only (the gpushare protocol, or the r
 ALIYUN_COM_GPU_MEM_* keys), so it works beside either. A GPU's PROMISED memory is the sum of the pods the
 scheduler extender placed on it (ALIYUN_COM_GPU_MEM_POD); ALLOCATED counts those whose containers got it
 (ALIYUN_COM_GPU_MEM_ASSIGNED=true). Pod states: requested (no annotation yet), stamped (the webhook's signed
-intent), assigned (a GPU chosen), allocated (the device plugin delivered it), refused (with the reason),
-invalid (annotations that break the protocol).
+intent), assigned (a GPU chosen), allocated (the device plugin delivered it), deleting (being deleted: it
+holds its units only while a GPU container of it may still run, as the scheduler extender frees them at the
+deletion), refused (with the reason), invalid (annotations that break the protocol).
 
 Exit status: 0 shown, 1 the cluster could not be read (one line says why), 2 bad arguments or settings."""
 

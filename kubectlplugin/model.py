@@ -7,6 +7,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+from webhook.holding import holds_memory, still_running, terminating
 from webhook.protocol import (
     DEV,
     IDX,
@@ -34,7 +35,7 @@ ADMISSION_REFUSED: Final = "UnexpectedAdmissionError"
 # Container start failures whose message comes from the plugin's PreStartContainer (pkg/kubelet/cm/devicemanager).
 START_FAILURES: Final = ("CreateContainerConfigError", "CreateContainerError", "RunContainerError")
 
-STATES: Final = ("requested", "stamped", "assigned", "allocated", "refused", "invalid")
+STATES: Final = ("requested", "stamped", "assigned", "allocated", "deleting", "refused", "invalid")
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,8 @@ class PodRow:
     containers: tuple[ContainerRow, ...]
     state: str
     reason: str = ""
-    # False for a pod the kubelet refused at admission: it has failed and holds nothing on its GPU.
+    # False for a pod that holds nothing on its GPU: the kubelet refused it at admission (it has failed), or it is
+    # being deleted and no GPU-share container of it runs (the scheduler extender gave its memory away).
     counted: bool = True
 
 
@@ -173,6 +175,7 @@ class _Read:
     assigned: bool | None
     memory: int | None
     problem: str = ""
+    delivered: frozenset[str] = frozenset()  # the containers the device plugin's allocation record lists
 
 
 def _containers(containers: Mapping[str, int], init: Mapping[str, int]) -> tuple[ContainerRow, ...]:
@@ -205,21 +208,34 @@ def _read(pod: Obj, contract: Contract) -> _Read | None:
         assigned = parse_assigned(annotations)
     except ProtocolError as exc:
         assigned, problems = None, [*problems, str(exc)]
+    delivered: frozenset[str] = frozenset()
     if assigned and contract.allocation_key in annotations:
         try:
-            parse_allocation(annotations[contract.allocation_key], contract.allocation_key)
+            delivered = frozenset(parse_allocation(annotations[contract.allocation_key],
+                                                   contract.allocation_key).containers)
         except ProtocolError as exc:
             problems.append(str(exc))
     if not (total or stamped or index is not None or problems):
         return None
     # The extender promises the POD annotation's units on the GPU; without it the spec says what the pod asks.
     return _Read(containers, pod_units if pod_units is not None else total, stamped, index, assigned, memory,
-                 "; ".join(problems))
+                 "; ".join(problems), delivered)
 
 
-def _state(read: _Read, refused: str) -> tuple[str, str]:
+def _deleting(pod: Obj, read: _Read) -> str:
+    """Why a pod being deleted holds its units, or why it holds none (webhook/holding.py)."""
+    running = still_running(pod, [c.name for c in read.containers], read.delivered)
+    if running:
+        them = "containers" if len(running) > 1 else "container"
+        return f"being deleted; GPU {them} {', '.join(running)} may still run, so its units are held until they stop"
+    return "being deleted before a GPU container ran; its units are free again"
+
+
+def _state(pod: Obj, read: _Read, refused: str) -> tuple[str, str]:
     if read.problem:
         return "invalid", read.problem
+    if terminating(pod):
+        return "deleting", _deleting(pod, read)
     if refused:
         return "refused", refused
     if read.assigned:
@@ -235,10 +251,10 @@ def pod_row(pod: Obj, contract: Contract, events: Sequence[Obj] = ()) -> tuple[P
     read = _read(pod, contract)
     if read is None or _finished(pod):
         return None
-    state, reason = _state(read, refusal(pod, events))
+    state, reason = _state(pod, read, refusal(pod, events))
     meta = _meta(pod)
     node = (pod.get("spec") or {}).get("nodeName") or None
-    counted = (pod.get("status") or {}).get("phase") != "Failed"
+    counted = holds_memory(pod, [c.name for c in read.containers], read.delivered)
     row = PodRow(str(meta.get("namespace", "")), str(meta.get("name", "")), node, read.index, read.total,
                  read.containers, state, reason, counted)
     return row, read.memory

@@ -206,6 +206,21 @@ class FakeApiServer:
         self._changed(out)
         return copy.deepcopy(out)
 
+    def update(self, namespace: str, name: str, *, deleting: bool = False,
+               status: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """What the API server does on a graceful delete (a deletionTimestamp) and on the kubelet's status updates
+        (`status` merged in): a new resourceVersion each, told to the watch."""
+        with self._lock:
+            pod = self._pods[(namespace, name)]
+            if deleting:
+                pod["metadata"].setdefault("deletionTimestamp", "2026-01-02T03:04:05Z")
+                pod["metadata"].setdefault("deletionGracePeriodSeconds", 30)
+            pod["status"] = {**pod.get("status", {}), **(status or {})}
+            pod["metadata"]["resourceVersion"] = str(next(self._versions))
+            out = copy.deepcopy(pod)
+        self._changed(out)
+        return copy.deepcopy(out)
+
     def touch(self, namespace: str, name: str) -> None:
         """Someone else changed the pod (a status update): its resourceVersion moves on."""
         with self._lock:

@@ -204,3 +204,20 @@ def test_an_event_the_api_server_refuses_is_logged_and_the_answer_stands(
     assert "could not post Event GpuShareBadAssignment on pod team/p: could not post an Event" in caplog.text
     assert service.metrics.registry.get_sample_value("gpushare_deviceplugin_events_total",
                                                      {"type": "Warning", "reason": "GpuShareBadAssignment"}) is None
+
+
+@pytest.mark.parametrize(("reason", "kind", "level"), [
+    ("GpuSharePodDeleting", "Normal", logging.INFO),  # the normal course of a deletion: nothing to act on
+    ("GpuShareNoRoom", "Warning", logging.WARNING),
+    ("GpuShareBadAssignment", "Warning", logging.WARNING),
+])
+def test_a_refusal_of_a_pod_being_deleted_is_a_normal_event(
+    node: tuple[FakeApiServer, Service, Clock, list[str]], caplog: pytest.LogCaptureFixture, reason: str, kind: str,
+    level: int,
+) -> None:
+    api, service, _, _ = node
+    pod = api.add(spec_pod("p", {"main": 2}))
+    with caplog.at_level(logging.INFO, logger="deviceplugin"):
+        service.recorder.refused("PreStartContainer", pod, reason, "why")
+    assert [e[1:3] for e in api.events] == [(kind, reason)]
+    assert [r.levelno for r in caplog.records if "refused pod team/p" in r.getMessage()] == [level]

@@ -18,7 +18,7 @@ from deviceplugin.nodeindex import NodeIndex
 from deviceplugin.pins import Pin
 from deviceplugin.resolve import slot_of
 from deviceplugin.trust import Context
-from deviceplugin.usage import node_usage
+from deviceplugin.usage import Holder, node_usage
 from tests.deviceplugin.fakes import NODE, assign, spec_pod, stamped
 from tests.deviceplugin.rig import Rig
 from webhook import signing
@@ -60,6 +60,10 @@ def recorded(pod: dict[str, Any], inventory: Inventory, contract: Contract, slot
     return out
 
 
+def shown(usage: tuple[int, list[Holder]]) -> tuple[int, list[str]]:
+    return usage[0], [str(h) for h in usage[1]]
+
+
 def test_the_index_answers_as_the_pod_list_does(inventory: Inventory, signer: Ed25519PrivateKey,
                                                contract: Contract) -> None:
     ctx = ctx_for(inventory, signer, contract)
@@ -75,7 +79,7 @@ def test_the_index_answers_as_the_pod_list_does(inventory: Inventory, signer: Ed
     for gpu in (0, 1):
         for exclude in ("", "uid-a"):
             assert index.usage_on(gpu, exclude) == node_usage([*pods, forged], ctx, exclude).on(gpu)
-    assert index.usage_on(0) == (5, ["team/a (2)", "team/b (3)"])
+    assert shown(index.usage_on(0)) == (5, ["team/a (2)", "team/b (3)"])
     assert [index.has_candidate(units, "s") for units in (1, 2, 3, 4, 5, 6)] == [True, True, True, False, False,
                                                                                   False]
     assert index.name_of("uid-b") == ("team", "b")
@@ -95,7 +99,7 @@ def test_the_index_follows_changes_deletions_pins_and_a_broken_watch(
     assert index.likely_holders(2, slot, 4) == [("team", "a", "uid-a")]
     ctx.pins.hold("uid-a", Pin(1, inventory.gpus[1].uuid))
     index.repin("uid-a")  # a pinned pod counts where it runs, whatever its IDX says
-    assert (index.usage_on(0), index.usage_on(1)) == ((0, []), (2, ["team/a (2)"]))
+    assert (shown(index.usage_on(0)), shown(index.usage_on(1))) == ((0, []), (2, ["team/a (2)"]))
     index.upsert(on_node(a, "uid-a", "3", phase="Succeeded"))  # a finished pod holds nothing
     assert index.usage_on(1) == (0, [])
     index.remove("uid-a")
@@ -104,6 +108,33 @@ def test_the_index_follows_changes_deletions_pins_and_a_broken_watch(
     assert not index.synced
     index.replace([])
     assert index.synced
+
+
+def deleted(pod: dict[str, Any], version: str, state: str | None) -> dict[str, Any]:
+    """A later version of the pod: deleted, its container `main` in `state` (None: no status yet)."""
+    out = copy.deepcopy(pod)
+    out["metadata"].update(resourceVersion=version, deletionTimestamp="2026-01-02T03:04:05Z")
+    if state is not None:
+        out["status"] = {"phase": "Running", "containerStatuses": [{"name": "main", "state": {state: {}}}]}
+    return out
+
+
+def test_a_deletion_and_each_container_state_count_the_pod_again(
+    inventory: Inventory, signer: Ed25519PrivateKey, contract: Contract,
+) -> None:
+    ctx = ctx_for(inventory, signer, contract)
+    index = NodeIndex(ctx)
+    running, pulling = gpu_pod("running", 3, 0, contract, signer), gpu_pod("pulling", 4, 0, contract, signer)
+    index.replace([running, pulling])
+    assert shown(index.usage_on(0)) == (7, ["team/running (3)", "team/pulling (4)"])
+    index.upsert(deleted(pulling, "2", None))  # deleted while its image pulls: the extender gave its room away
+    index.upsert(deleted(running, "2", "running"))  # deleted while it runs: it holds its room until it stops
+    used, holders = index.usage_on(0)
+    assert (used, [(str(h), h.leaving) for h in holders]) == (3, [("team/running (3)", True)])
+    index.upsert(deleted(running, "3", "terminated"))
+    assert index.usage_on(0) == (0, [])
+    index.upsert(deleted(running, "3", "running"))  # the same version again (a relist): not counted again
+    assert index.usage_on(0) == (0, [])
 
 
 def test_a_pod_version_is_verified_once(inventory: Inventory, signer: Ed25519PrivateKey, contract: Contract,

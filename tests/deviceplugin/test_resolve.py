@@ -264,6 +264,43 @@ def test_gpu_without_room_is_refused(inventory: Inventory, signer: Ed25519Privat
     assert isinstance(verdict, Accepted)
 
 
+def deleted(pod: dict[str, Any], **states: str) -> dict[str, Any]:
+    out = copy.deepcopy(pod)
+    out["metadata"]["deletionTimestamp"] = "2026-01-02T03:04:05Z"
+    out["status"]["containerStatuses"] = [{"name": n, "state": {s: {}}} for n, s in states.items()]
+    return out
+
+
+@pytest.mark.parametrize("placement", ["extender", "node"])
+def test_a_pod_being_deleted_is_not_started(
+    inventory: Inventory, signer: Ed25519PrivateKey, contract: Contract, placement: str
+) -> None:
+    with pytest.raises(Refusal) as caught:
+        validate(deleted(good_pod(contract, signer)), ["main"], IDS, ctx_for(inventory, signer, contract, placement),
+                 [])
+    assert caught.value.reason == "GpuSharePodDeleting"
+    assert "pod team/p (container 'main') is being deleted, so the container is not started" in caught.value.message
+
+
+def test_pods_being_deleted_hold_room_only_while_they_run(
+    inventory: Inventory, signer: Ed25519PrivateKey, contract: Contract
+) -> None:
+    def other(name: str, units: int) -> dict[str, Any]:
+        return bound(assign(stamped(spec_pod(name, {"main": units}), contract, signer), 0, 8), uid=name)
+
+    ctx = ctx_for(inventory, signer, contract)
+    pulling = deleted(other("pulling", 6))  # the extender gave its room away; it never started a container
+    assert isinstance(validate(good_pod(contract, signer), ["main"], IDS, ctx, [pulling]), Accepted)
+    running = deleted(other("running", 6), main="running")
+    with pytest.raises(Refusal) as caught:
+        validate(good_pod(contract, signer), ["main"], IDS, ctx, [running])
+    assert caught.value.reason == "GpuShareNoRoom"
+    assert "6 GiB of them by the pod team/running (6), which is being deleted" in caught.value.message
+    assert caught.value.message.endswith("nothing to do")
+    stopped = deleted(other("running", 6), main="terminated")
+    assert isinstance(validate(good_pod(contract, signer), ["main"], IDS, ctx, [stopped]), Accepted)
+
+
 def test_node_placement_asks_for_a_gpu(inventory: Inventory, signer: Ed25519PrivateKey, contract: Contract) -> None:
     pod = good_pod(contract, signer)
     not_placed(pod)

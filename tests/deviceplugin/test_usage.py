@@ -193,3 +193,49 @@ def test_a_pod_that_cannot_be_read_fails_no_other_start(
             assert service.prestart(ids).gpu.index == 1
     reports = sorted(r.getMessage()[:16] for r in caplog.records)
     assert reports == ["Pod team/forged ", "Pod team/huge is"]
+
+
+def deleting(pod: dict[str, Any], phase: str = "Pending", **states: str) -> dict[str, Any]:
+    """The pod once deleted (a deletionTimestamp), its app containers in the given states."""
+    out = copy.deepcopy(pod)
+    out["metadata"]["deletionTimestamp"] = "2026-01-02T03:04:05Z"
+    out["metadata"]["resourceVersion"] = "8"
+    out["status"] = {"phase": phase, "containerStatuses": [{"name": n, "state": {s: {}}} for n, s in states.items()]}
+    return out
+
+
+Edit = Callable[[dict[str, Any], Context], dict[str, Any]]
+
+
+def pinned(pod: dict[str, Any], ctx: Context) -> dict[str, Any]:
+    ctx.pins.hold(pod["metadata"]["uid"], Pin(1, ctx.gpus[1].uuid))
+    return pod
+
+
+# (what happened to the pod "extra" of 4 units on GPU 1, beside "ok" with 3 there: units on GPU 1, extra's share
+# of them held by a pod being deleted). The scheduler extender frees a deleted pod's memory at once, so a pod being
+# deleted counts only while a GPU-share container of it may still run.
+DELETIONS: list[tuple[str, Edit, int, int]] = [
+    ("pulling its image", lambda p, c: p, 7, 0),
+    ("running", record, 7, 0),
+    ("deleted while its image pulls", lambda p, c: deleting(p), 3, 0),
+    ("deleted while it runs", lambda p, c: deleting(record(p, c), "Running", m="running"), 7, 4),
+    ("deleted while running, not started by this plugin", lambda p, c: deleting(p, "Running", m="running"), 7, 4),
+    ("deleted just after this plugin started it", lambda p, c: deleting(record(p, c)), 7, 4),
+    ("deleted while its container is being created", lambda p, c: deleting(record(p, c), m="waiting"), 7, 4),
+    ("deleted, its container stopped", lambda p, c: deleting(record(p, c), "Running", m="terminated"), 3, 0),
+    ("deleted, pinned before its record is seen", lambda p, c: deleting(pinned(p, c)), 7, 4),
+    ("deleted and finished", lambda p, c: deleting(record(p, c), "Succeeded", m="running"), 3, 0),
+]
+
+
+@pytest.mark.parametrize(("case", "edit", "units", "leaving"), DELETIONS, ids=[c[0] for c in DELETIONS])
+def test_a_pod_being_deleted_holds_units_only_while_it_may_run(
+    inventory: Inventory, signer: Ed25519PrivateKey, contract: Contract, case: str, edit: Edit, units: int,
+    leaving: int,
+) -> None:
+    ctx = ctx_for(inventory, signer, contract)
+    pods = [believed("ok", 3, 1, contract, signer), edit(believed("extra", 4, 1, contract, signer), ctx)]
+    used, holders = node_usage(pods, ctx).on(1)
+    assert used == units
+    assert sum(h.units for h in holders if h.leaving) == leaving

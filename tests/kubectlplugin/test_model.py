@@ -92,7 +92,22 @@ STATES: list[tuple[str, Callable[[], Obj], Callable[[Obj], list[Obj]], str, str]
      "annotation gpushare.io/intent is not valid JSON"),
     ("ASSIGNED neither true nor false", lambda: _annotated(placed(), {"ALIYUN_COM_GPU_MEM_ASSIGNED": "yes"}),
      lambda p: [], "invalid", "annotation ALIYUN_COM_GPU_MEM_ASSIGNED is 'yes'"),
+    ("deleted while its image pulls", lambda: deleted(placed()), lambda p: [], "deleting",
+     "being deleted before a GPU container ran; its units are free again"),
+    ("deleted while it runs", lambda: deleted(allocate(placed()), "running"), lambda p: [], "deleting",
+     "being deleted; GPU container main may still run, so its units are held until they stop"),
+    ("deleted after a refusal", lambda: deleted(placed()), lambda p: [event(p, "GpuShareNoRoom", "x", EARLY)],
+     "deleting", "being deleted before"),
 ]
+
+
+def deleted(p: Obj, state: str | None = None) -> Obj:
+    """The pod once deleted; its container `main` in `state` (None: no status written)."""
+    out = copy.deepcopy(p)
+    out["metadata"]["deletionTimestamp"] = LATE
+    if state is not None:
+        out["status"].update(phase="Running", containerStatuses=[{"name": "main", "state": {state: {}}}])
+    return out
 
 
 def _annotated(p: Obj, annotations: dict[str, str]) -> Obj:
@@ -119,6 +134,28 @@ def test_state_and_reason(case: str, make: Callable[[], Obj], events: Callable[[
 ])
 def test_pods_that_hold_no_gpu_memory_are_left_out(case: str, make: Callable[[], Obj]) -> None:
     assert pod_row(make(), CONTRACT) is None, case
+
+
+@pytest.mark.parametrize(("case", "make", "counted"), [
+    ("deleted while its image pulls", lambda: deleted(placed()), False),
+    ("deleted while it runs", lambda: deleted(allocate(placed()), "running"), True),
+    ("deleted just after the plugin delivered it", lambda: deleted(allocate(placed())), True),
+    ("deleted, its container stopped", lambda: deleted(allocate(placed()), "terminated"), False),
+    ("deleted, the reference plugin's pod running", lambda: deleted(
+        allocate(assign(pod("ns", "p", {"main": 4}), 1, 16, "n1"), record=False), "running"), True),
+])
+def test_a_pod_being_deleted_is_promised_only_while_it_may_run(case: str, make: Callable[[], Obj],
+                                                                 counted: bool) -> None:
+    """As the device plugin counts it: the scheduler extender freed its memory at the deletion."""
+    p = make()
+    report = build([node("n1", 2, 16)], [p, placed_as("q", 3)], [], CONTRACT)
+    (gpu,) = [g for g in report.nodes[0].gpus if g.index == 1]
+    assert [(r.name, r.state, r.counted) for r in gpu.pods] == [("p", "deleting", counted), ("q", "assigned", True)]
+    assert gpu.promised == 3 + (4 if counted else 0)
+
+
+def placed_as(name: str, units: int) -> Obj:
+    return assign(stamp(pod("ns", name, {"main": units})), 1, 16, "n1")
 
 
 def test_units_come_from_the_intent_per_container_and_the_pod_total_from_pod() -> None:

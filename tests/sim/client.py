@@ -203,8 +203,8 @@ class SimClient:
     def create_pod(self, namespace: str, pod: Mapping[str, Any]) -> Obj:
         return self.create("pods", pod, namespace)
 
-    def patch_pod(self, namespace: str, name: str, merge_patch: Mapping[str, Any]) -> Obj:
-        return self.patch("pods", name, dict(merge_patch), namespace)
+    def patch_pod(self, namespace: str, name: str, merge_patch: Mapping[str, Any], *, strategic: bool = False) -> Obj:
+        return self.patch("pods", name, dict(merge_patch), namespace, patch_type="strategic" if strategic else "merge")
 
     def patch_pod_status(self, namespace: str, name: str, merge_patch: Mapping[str, Any]) -> Obj:
         return self.patch("pods", name, dict(merge_patch), namespace, subresource="status")

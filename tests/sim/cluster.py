@@ -63,6 +63,8 @@ class ClusterSpec:
     max_jitter_s: float = 0.02
     binders: int = 4  # bindings in flight at once (the kube-scheduler binds each pod in its own goroutine)
     placement: str = "extender"  # or "node": no extender, the plugin picks the GPU (cdi delivery only)
+    # The kubelet tries to start the first container of a pod deleted while its image pulled (kubelet_parts.py).
+    start_deleted: bool = True
 
 
 class Cluster:
@@ -136,7 +138,8 @@ class Cluster:
             # ignores the variable (README, Security).
             env_interface = spec.plugin == "baseline" or spec.delivery == "env"
             config = KubeletConfig(name, str(self.workdir / name), gpus, pull_delay=self._pull_delay,
-                                   seed=spec.seed * 100 + i, env_interface=env_interface)
+                                   seed=spec.seed * 100 + i, env_interface=env_interface,
+                                   start_deleted=spec.start_deleted)
             kubelet = Kubelet(config, node_client)
             kubelet.start()
             self.kubelets.append(kubelet)
@@ -200,6 +203,7 @@ class Cluster:
             held={k.config.node: set(k.devices.by_pod()) for k in self.kubelets},
             deleted=deleted,
             unschedulable=waiting,
+            events=self.admin.events(namespace),
         )
 
     def close(self) -> None:

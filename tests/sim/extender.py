@@ -1,9 +1,20 @@
-"""A scheduler + gpushare-extender stand-in: bin-packs pending GPU-share pods onto a node and GPU, then binds.
+"""A kube-scheduler + gpushare-extender stand-in that models the real extender: it bin-packs pending GPU-share pods
+onto a node and GPU, then binds.
 
-Like the reference extender's Bind handler, each binding patches ALIYUN_COM_GPU_MEM_IDX/DEV/POD/ASSUME_TIME
-and ASSIGNED="false" as the extender's service account, then POSTs the Binding. Like the scheduler's
-asynchronous binding cycle, several bindings run at once with seeded random delays, so the order of
-ASSUME_TIME and the order in which pods reach the kubelet differ. Decisions themselves are serial.
+As the real extender's code does (../shared/reference-stack/gpushare-scheduler-extender, pkg/cache and pkg/utils):
+- it places a pod by, and books on the GPU, the sum of its app containers' limits only (`spec.containers`,
+  GetGPUMemoryFromPodResource), and writes that as ALIYUN_COM_GPU_MEM_POD;
+- its cache frees a pod's memory as soon as the pod has a deletionTimestamp or is Succeeded/Failed (IsCompletePod),
+  so it places the next pod on that GPU while the deleted one is still terminating;
+- each binding writes ALIYUN_COM_GPU_MEM_IDX/DEV/POD/ASSUME_TIME and ASSIGNED="false" with a strategic-merge PATCH as
+  the extender's service account, then POSTs the Binding;
+- a pod whose app containers ask for nothing but whose init containers do passes its filter and fails every bind
+  ("can't place the pod"), for ever.
+The kube-scheduler beside it fits the pod's effective request (init containers and sidecars included) to the node's
+allocatable, counting every pod bound there that is not finished, the terminating ones too: a replacement waits for
+node room the kubelet still holds. Like the scheduler's asynchronous binding cycle, several bindings run at once with
+seeded random delays, so the order of ASSUME_TIME and the order in which pods reach the kubelet differ. Decisions
+themselves are serial.
 """
 
 from __future__ import annotations
@@ -46,9 +57,10 @@ class SimNode:
 @dataclass(frozen=True)
 class Placement:
     node: str
-    index: int | None  # None: a pod without GPU-share limits
+    index: int | None  # None: a pod without GPU-share limits, or one whose GPU the device plugin picks
     device_units: int
-    pod_units: int
+    pod_units: int  # what the extender books on the GPU and writes as POD: the app containers' sum
+    request: int = 0  # what the scheduler counts on the node: the pod's effective request
 
 
 def _meta(pod: Pod) -> dict[str, Any]:
@@ -56,18 +68,32 @@ def _meta(pod: Pod) -> dict[str, Any]:
     return meta
 
 
+def _finished(pod: Pod) -> bool:
+    return (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+
+
 def pod_total(pod: Pod, resource: str) -> int:
+    """The pod's effective request, which the kube-scheduler and the kubelet count."""
     try:
         return demand_of(pod, resource).total
     except ProtocolError:
         return 0
 
 
+def app_units(pod: Pod, resource: str) -> int:
+    """What the real extender places and books a pod by: its app containers' limits (GetGPUMemoryFromPodResource)."""
+    try:
+        return sum(units for _, units in demand_of(pod, resource).containers)
+    except ProtocolError:
+        return 0
+
+
 def used_units(pods: Sequence[Pod], inflight: Sequence[Placement]) -> dict[tuple[str, int], int]:
-    """Units held per (node, GPU): placed pods that are not finished (deleting ones hold theirs until gone)."""
+    """Units per (node, GPU) in the real extender's cache: placed pods by their POD annotation, except complete ones
+    (IsCompletePod: a deletionTimestamp, or Succeeded/Failed), whose memory it frees at once."""
     used: dict[tuple[str, int], int] = {}
     for pod in pods:
-        if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+        if _finished(pod) or _meta(pod).get("deletionTimestamp"):
             continue
         node = (pod.get("spec") or {}).get("nodeName")
         try:
@@ -82,27 +108,36 @@ def used_units(pods: Sequence[Pod], inflight: Sequence[Placement]) -> dict[tuple
     return used
 
 
-def node_fit(nodes: Sequence[SimNode], pods: Sequence[Pod], inflight: Sequence[Placement], units: int,
-             resource: str) -> Placement | None:
-    """The default scheduler's view without the extender: a node whose total units (its allocatable) still hold
-    the pod's request; the GPU is left for the device plugin to pick (node-local placement)."""
+def node_room(nodes: Sequence[SimNode], pods: Sequence[Pod], inflight: Sequence[Placement], units: int,
+              resource: str) -> list[tuple[int, SimNode]]:
+    """The kube-scheduler's node fit: (units left after this pod, node) for each node whose allocatable still holds
+    the pod's effective request beside every pod bound there that is not finished (terminating ones included)."""
     used: dict[str, int] = {}
     for pod in pods:
         node = (pod.get("spec") or {}).get("nodeName")
-        if node and (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
+        if node and not _finished(pod):
             used[node] = used.get(node, 0) + pod_total(pod, resource)
     for place in inflight:
-        used[place.node] = used.get(place.node, 0) + place.pod_units
-    best: tuple[int, str] | None = None
-    for node in nodes:
-        left = sum(g.memory_units for g in node.gpus) - used.get(node.name, 0) - units
-        if left >= 0 and (best is None or (left, node.name) < best):
-            best = (left, node.name)
-    return None if best is None else Placement(best[1], None, 0, units)
+        used[place.node] = used.get(place.node, 0) + place.request
+    room = [(sum(g.memory_units for g in node.gpus) - used.get(node.name, 0) - units, node) for node in nodes]
+    return [(left, node) for left, node in room if left >= 0]
 
 
-def best_fit(nodes: Sequence[SimNode], used: dict[tuple[str, int], int], units: int) -> Placement | None:
-    """The GPU left with the least free memory after placing `units` (bin packing); ties: node, then index."""
+def node_fit(nodes: Sequence[SimNode], pods: Sequence[Pod], inflight: Sequence[Placement], units: int,
+             resource: str) -> Placement | None:
+    """The default scheduler without the extender: the node left with the least room; the GPU is left for the
+    device plugin to pick (node-local placement)."""
+    room = node_room(nodes, pods, inflight, units, resource)
+    if not room:
+        return None
+    _, node = min(room, key=lambda r: (r[0], r[1].name))
+    return Placement(node.name, None, 0, units, units)
+
+
+def best_fit(nodes: Sequence[SimNode], used: dict[tuple[str, int], int], units: int,
+             request: int = 0) -> Placement | None:
+    """The GPU left with the least free memory after placing `units` (bin packing, as allocateGPUID picks the GPU
+    with the least available memory that fits); ties: node, then index."""
     best: tuple[int, str, int] | None = None
     for node in nodes:
         for gpu in node.gpus:
@@ -113,7 +148,7 @@ def best_fit(nodes: Sequence[SimNode], used: dict[tuple[str, int], int], units: 
         return None
     node = next(n for n in nodes if n.name == best[1])
     gpu = next(g for g in node.gpus if g.index == best[2])
-    return Placement(node.name, gpu.index, gpu.memory_units, units)
+    return Placement(node.name, gpu.index, gpu.memory_units, units, request or units)
 
 
 class Extender:
@@ -210,11 +245,7 @@ class Extender:
         uid = _meta(pod)["uid"]
         units = pod_total(pod, self.resource)
         if units:
-            settled = [p for u, p in self._pods.items() if u not in self._inflight]
-            if self.place_gpus:
-                place = best_fit(self.nodes, used_units(settled, list(self._inflight.values())), units)
-            else:
-                place = node_fit(self.nodes, settled, list(self._inflight.values()), units, self.resource)
+            place = self._fit(pod, units)
             if place is None:
                 where = "GPU" if self.place_gpus else "node"
                 self.unschedulable[uid] = (
@@ -229,14 +260,30 @@ class Extender:
         jitter = self._rng.uniform(0, self.max_jitter_s)
         self._pool.submit(self._bind, pod, place, jitter)
 
+    def _fit(self, pod: Pod, units: int) -> Placement | None:
+        """The scheduler's node fit (the effective request), then, with the extender, its GPU fit by the app
+        containers' sum; a pod whose app containers ask for nothing passes the extender's filter on any node."""
+        settled = [p for u, p in self._pods.items() if u not in self._inflight]
+        inflight = list(self._inflight.values())
+        if not self.place_gpus:
+            return node_fit(self.nodes, settled, inflight, units, self.resource)
+        room = [node for _, node in node_room(self.nodes, settled, inflight, units, self.resource)]
+        booked = app_units(pod, self.resource)
+        if not booked:
+            return Placement(room[0].name, None, 0, 0, units) if room else None  # its bind will fail
+        return best_fit(room, used_units(settled, inflight), booked, units)
+
     def _bind(self, pod: Pod, place: Placement, jitter: float) -> None:
         meta = _meta(pod)
         namespace, name, uid = meta.get("namespace", ""), meta.get("name", ""), meta["uid"]
         try:
+            if self.place_gpus and place.index is None and place.request:
+                # allocateGPUID finds no GPU for a request of 0 (Allocate in pkg/cache/nodeinfo.go).
+                raise ApiError(500, f"The node {place.node} can't place the pod {name} in ns {namespace}")
             if place.index is not None:
                 annotations = {IDX: str(place.index), DEV: str(place.device_units), POD: str(place.pod_units),
                                ASSUME_TIME: str(time.time_ns()), ASSIGNED: "false"}
-                self.api.patch_pod(namespace, name, {"metadata": {"annotations": annotations}})
+                self.api.patch_pod(namespace, name, {"metadata": {"annotations": annotations}}, strategic=True)
             time.sleep(jitter)  # the binding goroutines race each other here
             self.api.bind(namespace, name, place.node)
             with self._lock:

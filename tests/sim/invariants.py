@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from deviceplugin.inventory import Gpu
+from kubectlplugin.model import PLUGIN_COMPONENT
 from tests.sim.kubelet import ContainerRun
 from tests.sim.ports import Pod
 from webhook.protocol import DEFAULT_PREFIX, POD, ProtocolError, parse_allocation, parse_assignment, read_annotations
@@ -28,6 +29,12 @@ class Observation:
     held: Mapping[str, set[str]]  # node -> pod UIDs the kubelet still holds devices for
     deleted: set[str] = field(default_factory=set)  # UIDs the scenario deleted
     unschedulable: Mapping[str, str] = field(default_factory=dict)  # UID -> the scheduler's reason
+    events: Sequence[Pod] = ()  # the namespace's Events (the device plugin's refusals among them)
+
+    def refusals(self, reason: str) -> list[str]:
+        """The messages of the gpushare device plugin's Events with this reason."""
+        return [str(e.get("message", "")) for e in self.events
+                if e.get("reason") == reason and (e.get("source") or {}).get("component") == PLUGIN_COMPONENT]
 
 
 @dataclass(frozen=True)

@@ -275,7 +275,12 @@ class Kubelet:
     def _work(self, state: PodState) -> None:
         interrupt = state.cancel if self.config.cancel_pull else self._closed
         interrupt.wait(max(0.0, self._pulled_at(state.pod) - time.monotonic()))
-        if state.cancel.is_set() or self._closed.is_set():
+        if self._closed.is_set():
+            return
+        if state.cancel.is_set():
+            if self.config.start_deleted:  # the sync in flight tries its first container once
+                for container, init, units in containers_of(self.config.resource, state.pod)[:1]:
+                    self._start_container(state, container, init, units)
             return
         statuses: list[dict[str, Any]] = []
         init_statuses: list[dict[str, Any]] = []

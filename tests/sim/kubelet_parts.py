@@ -32,6 +32,10 @@ class KubeletConfig:
     # Older kubelets cannot cancel an image pull: a pod deleted while pulling keeps its devices and stays
     # Pending (with a deletionTimestamp) until the pull ends. That window is where the reference plugin fails.
     cancel_pull: bool = False
+    # The kubelet's sync that pulled the image of a pod deleted meanwhile may go on to create its first container
+    # (PreStartContainer included) before the deletion stops it; the scheduler extender has given that pod's GPU
+    # memory away already, so the device plugin must refuse that start.
+    start_deleted: bool = False
     # Whether the NVIDIA runtime honours NVIDIA_VISIBLE_DEVICES of unprivileged containers; cdi delivery runs with
     # it off (README, Security), so a container's GPUs come from its CDI devices alone.
     env_interface: bool = True

@@ -10,6 +10,7 @@ from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+from tests.sim.patching import strategic_merge
 from tests.sim.status import ApiError
 
 Pod = dict[str, Any]
@@ -37,7 +38,9 @@ class PodApi(Protocol):
 
     def create_pod(self, namespace: str, pod: Pod) -> Pod: ...
 
-    def patch_pod(self, namespace: str, name: str, merge_patch: Mapping[str, Any]) -> Pod: ...
+    def patch_pod(self, namespace: str, name: str, merge_patch: Mapping[str, Any], *, strategic: bool = False) -> Pod:
+        """A JSON merge patch, or with `strategic` a strategic-merge patch (what the real extender sends)."""
+        ...
 
     def patch_pod_status(self, namespace: str, name: str, merge_patch: Mapping[str, Any]) -> Pod: ...
 
@@ -166,15 +169,15 @@ class MemoryClient:
             self._store._pods[(namespace, meta["name"])] = body
             return self._store._emit("ADDED", body)
 
-    def _patch(self, namespace: str, name: str, patch: Mapping[str, Any]) -> Pod:
+    def _patch(self, namespace: str, name: str, patch: Mapping[str, Any], strategic: bool = False) -> Pod:
         with self._store._lock:
             pod = self._store._get(namespace, name)
-            merged = merge_patch(pod, patch)
+            merged = strategic_merge(pod, dict(patch)) if strategic else merge_patch(pod, patch)
             self._store._pods[(namespace, name)] = merged
             return self._store._emit("MODIFIED", merged)
 
-    def patch_pod(self, namespace: str, name: str, merge_patch: Mapping[str, Any]) -> Pod:
-        return self._patch(namespace, name, {k: v for k, v in merge_patch.items() if k != "status"})
+    def patch_pod(self, namespace: str, name: str, merge_patch: Mapping[str, Any], *, strategic: bool = False) -> Pod:
+        return self._patch(namespace, name, {k: v for k, v in merge_patch.items() if k != "status"}, strategic)
 
     def patch_pod_status(self, namespace: str, name: str, merge_patch: Mapping[str, Any]) -> Pod:
         return self._patch(namespace, name, {"status": merge_patch.get("status") or {}})

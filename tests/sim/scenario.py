@@ -66,6 +66,7 @@ class Result:
     summary: Summary
     elapsed_s: float
     create_errors: list[str] = field(default_factory=list)
+    deleted_names: dict[str, str] = field(default_factory=dict)  # UID -> name of each pod the scenario deleted
 
     def explain(self) -> str:
         lines = [f"scenario {self.scenario} in namespace {self.namespace}: {self.summary}"]
@@ -154,7 +155,8 @@ def wait_settled(cluster: Cluster, namespace: str, groups: Sequence[ReplicaSet],
     return False
 
 
-def _delete_some(cluster: Cluster, namespace: str, scenario: Scenario, rng: random.Random, total: int) -> set[str]:
+def _delete_some(cluster: Cluster, namespace: str, scenario: Scenario, rng: random.Random,
+                 total: int) -> dict[str, str]:
     """Delete pods as their owner would, preferring pods that are bound but not yet running (pulling)."""
     deadline = time.monotonic() + 10
     extender = cluster.extender
@@ -172,11 +174,11 @@ def _delete_some(cluster: Cluster, namespace: str, scenario: Scenario, rng: rand
     chosen = rng.sample(pulling, min(scenario.delete, len(pulling)))
     rest = [p for p in pods if p not in chosen]
     chosen += rng.sample(rest, min(scenario.delete - len(chosen), len(rest)))
-    deleted: set[str] = set()
+    deleted: dict[str, str] = {}
     for pod in chosen:
         try:
             cluster.user.delete_pod(namespace, _meta(pod)["name"])
-            deleted.add(_meta(pod)["uid"])
+            deleted[_meta(pod)["uid"]] = _meta(pod)["name"]
         except ApiError as exc:
             if exc.code != 404:
                 raise
@@ -218,11 +220,11 @@ def run_scenario(cluster: Cluster, scenario: Scenario) -> Result:
     with futures.ThreadPoolExecutor(max_workers=max(1, len(scenario.pods))) as pool:
         created = sum(pool.map(create, range(len(scenario.pods)), scenario.pods))
     total = created + (scenario.group[1] if scenario.group else 0)
-    deleted = _delete_some(cluster, namespace, scenario, rng, total) if scenario.delete else set()
+    deleted = _delete_some(cluster, namespace, scenario, rng, total) if scenario.delete else {}
     for timer in restarters:
         timer.join()
     settled = wait_settled(cluster, namespace, groups, scenario.settle_timeout_s)
-    observation = cluster.observe(namespace, deleted)
+    observation = cluster.observe(namespace, set(deleted))
     violations = check(observation)
     if not settled:
         violations.append(Violation("not-settled", namespace, f"the pods of {namespace} were still changing "
@@ -230,7 +232,7 @@ def run_scenario(cluster: Cluster, scenario: Scenario) -> Result:
     summary = summarize(observation)
     errors += [e for rs in groups for e in rs.errors]
     violations += _tear_down(cluster, namespace, groups)
-    return Result(scenario, namespace, observation, violations, summary, time.monotonic() - started, errors)
+    return Result(scenario, namespace, observation, violations, summary, time.monotonic() - started, errors, deleted)
 
 
 def _tear_down(cluster: Cluster, namespace: str, groups: Sequence[ReplicaSet]) -> list[Violation]:

@@ -27,6 +27,7 @@ from tests.e2e import workloads as w
 
 SETTLE_S = 300
 PLUGIN = "gpushare-device-plugin"  # the source component of our plugin's Events
+ALLOCATED = "GpuShareAllocated"  # its Normal Event for a container given its GPU; every other reason is a refusal
 # What the kubelet logs for every plugin that registers (pkg/kubelet/cm/devicemanager/plugin/v1beta1/server.go).
 REGISTERED = b"Got registration request from device plugin"
 
@@ -89,8 +90,8 @@ class Outcome:
     rejected: list[str] = field(default_factory=list)  # failed admission (UnexpectedAdmissionError), replaced
     over_committed: dict[int, int] = field(default_factory=dict)  # GPU index -> units received on it, over capacity
     promised_per_gpu: dict[int, int] = field(default_factory=dict)
-    plugin_refusals: dict[str, int] = field(default_factory=dict)  # our plugin's Event reasons, with counts
-    plugin_messages: list[str] = field(default_factory=list)  # one message per reason
+    plugin_refusals: dict[str, int] = field(default_factory=dict)  # our plugin's refusal Events by reason
+    plugin_messages: list[str] = field(default_factory=list)  # one refusal message per reason
     seconds: float | None = None  # the first ReplicaSet's creation to the last container start (API server clock)
 
     @property
@@ -156,9 +157,12 @@ def outcome(cluster: Cluster, kubectl: Kubectl, namespace: str, stack: str, scen
             received[gpu] = received.get(gpu, 0) + sum(shape.units)
     out.over_committed = {gpu: units for gpu, units in sorted(received.items()) if units > capacity}
     plugin_events = [e for e in kubectl.json(["get", "events", "-n", namespace])["items"]
-                     if (e.get("source") or {}).get("component") == PLUGIN
-                     or (e.get("reportingComponent") or "") == PLUGIN]
-    out.plugin_refusals = dict(Counter(str(e.get("reason")) for e in plugin_events))
+                     if ((e.get("source") or {}).get("component") == PLUGIN
+                         or (e.get("reportingComponent") or "") == PLUGIN) and e.get("reason") != ALLOCATED]
+    refusals: Counter[str] = Counter()
+    for e in plugin_events:
+        refusals[str(e.get("reason"))] += int(e.get("count") or 1)  # the API server folds repeats into one Event
+    out.plugin_refusals = dict(refusals)
     out.plugin_messages = list({str(e.get("reason")): str(e.get("message")) for e in plugin_events}.values())
     created = [_time(t) for t in kubectl.ok(["get", "replicasets", "-n", namespace, "-o",
                                              "jsonpath={.items[*].metadata.creationTimestamp}"]).split()]

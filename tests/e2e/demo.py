@@ -24,6 +24,7 @@ from pathlib import Path
 from types import FrameType
 from typing import IO
 
+from deviceplugin.events import NORMAL_REFUSALS
 from e2e import audit, toolchain
 from e2e.cluster import Cluster
 from e2e.control import EXTENDER_USER
@@ -47,7 +48,9 @@ ROWS: tuple[tuple[str, Callable[[Outcome], object]], ...] = (
     ("over-committed GPUs", lambda o: len(o.over_committed)),
     ("stuck pods", lambda o: len(o.stuck)),
     ("rejected by the kubelet (replaced)", lambda o: len(o.rejected)),
-    ("refusals by our plugin (Events)", lambda o: sum(o.plugin_refusals.values())),
+    ("refusals by our plugin (Warning Events)",
+     lambda o: sum(n for r, n in o.plugin_refusals.items() if r not in NORMAL_REFUSALS)),
+    ("deleted pods' containers not started", lambda o: o.plugin_refusals.get("GpuSharePodDeleting", 0)),
     ("first create to last start (s)", lambda o: "-" if o.seconds is None else f"{o.seconds:.0f}"),
 )
 
@@ -93,9 +96,9 @@ def scratch_namespace(cluster: Cluster, kubectl: Kubectl) -> Iterator[str]:
 
 def table(outcomes: dict[str, Outcome]) -> str:
     stacks = [s for s in STACKS if s in outcomes]
-    lines = [f"{'':<36}" + "".join(f"{HEADS[s]:>18}" for s in stacks)]
+    lines = [f"{'':<40}" + "".join(f"{HEADS[s]:>18}" for s in stacks)]
     for label, value in ROWS:
-        lines.append(f"{label:<36}" + "".join(f"{value(outcomes[s])!s:>18}" for s in stacks))
+        lines.append(f"{label:<40}" + "".join(f"{value(outcomes[s])!s:>18}" for s in stacks))
     for s in stacks:
         o = outcomes[s]
         for what, items in (("stuck", o.stuck), ("made-up device", o.made_up), ("on another pod's GPU", o.wrong_gpu)):

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -15,6 +14,7 @@ from deviceplugin.apiserver import ApiServer, ApiServerError, Conflict, PodListe
 from deviceplugin.inventory import Inventory
 from deviceplugin.trust import Context
 from deviceplugin.usage import holding_of, node_usage, recorded_pin
+from webhook.metricsserver import MetricsServer as Listener
 from webhook.settings import SettingsError
 
 log = logging.getLogger(__name__)
@@ -181,22 +181,19 @@ class MeteredApiServer:
 
 
 class MetricsServer:
-    """GET /metrics over plain HTTP (GPUSHARE_METRICS_BIND) on a daemon thread."""
+    """GET /metrics over plain HTTP (GPUSHARE_METRICS_BIND), with bounded threads and connections
+    (webhook/metricsserver.py)."""
 
     def __init__(self, bind: tuple[str, int], registry: CollectorRegistry) -> None:
         host, port = bind
         try:
-            server, thread = start_http_server(port, addr=host, registry=registry)
+            self._listener = Listener(bind, registry, name="plugin-metrics")
         except OSError as exc:
             raise SettingsError(
                 f"GPUSHARE_METRICS_BIND={host}:{port} cannot be listened on ({exc}); choose a free port, or set it "
                 "empty to serve no metrics"
             ) from exc
-        self._server = server
-        self._thread: threading.Thread = thread
-        self.address = (host, int(server.server_port))
+        self.address = self._listener.address
 
     def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=5)
+        self._listener.stop()

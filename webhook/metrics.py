@@ -13,15 +13,14 @@ import glob
 import logging
 import os
 import shutil
-import threading
 from collections.abc import Callable, Iterable, Iterator
-from typing import Protocol
 
 from cryptography import x509
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, multiprocess, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, multiprocess
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from webhook.metricsserver import MetricsServer as Listener
 from webhook.validate import REASONS
 
 log = logging.getLogger(__name__)
@@ -29,6 +28,8 @@ log = logging.getLogger(__name__)
 ENDPOINTS = ("mutate", "validate")
 OPERATIONS = ("CREATE", "UPDATE")  # the only ones the webhook is registered for; others are malformed
 OUTCOMES = ("allowed", "denied", "malformed", "error")
+LIMITS = ("client", "process")  # webhook/connlimits.py Limit
+EVICTED_STATES = ("idle", "unfinished")  # a busy connection is never closed for another
 # A review takes about a millisecond; the API server gives up after timeoutSeconds (10 s by default).
 BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
@@ -68,6 +69,28 @@ class WebhookMetrics:
         self.duration.labels(endpoint).observe(seconds)
         for reason in reasons:
             self.denials.labels(endpoint, reason).inc()
+
+
+class ConnectionMetrics:
+    """What the connection limits of one worker process did (webhook/connlimits.py); counted like WebhookMetrics."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        self.evicted = Counter(
+            "gpushare_webhook_connections_evicted",
+            "Connections closed to make room for a new one, by the limit it reached (client: "
+            "GPUSHARE_MAX_CONNECTIONS_PER_CLIENT, process: worker_connections) and the state of the one closed.",
+            ["limit", "state"], registry=self.registry,
+        )
+        self.refused = Counter(
+            "gpushare_webhook_connections_refused",
+            "New connections refused because nothing could be closed for them, by the limit they reached.",
+            ["limit"], registry=self.registry,
+        )
+        for limit in LIMITS:
+            self.refused.labels(limit)
+            for state in EVICTED_STATES:
+                self.evicted.labels(limit, state)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -122,28 +145,16 @@ class CertificateExpiry(Collector):
         yield left
 
 
-class Listener(Protocol):
-    server_port: int
-
-    def shutdown(self) -> None: ...
-
-    def server_close(self) -> None: ...
-
-
 class MetricsServer:
-    """/metrics over plain HTTP in the arbiter: every worker's samples plus the certificate's expiry."""
+    """/metrics over plain HTTP in the arbiter: every worker's samples plus the certificate's expiry, served with
+    bounded threads and connections (webhook/metricsserver.py)."""
 
     def __init__(self, bind: tuple[str, int], multiproc_dir: str, cert_path: str) -> None:
         self.registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(self.registry, path=multiproc_dir)  # type: ignore[no-untyped-call]
         self.registry.register(CertificateExpiry(cert_path))
-        host, port = bind
-        server, thread = start_http_server(port, addr=host, registry=self.registry)
-        self._server: Listener = server
-        self._thread: threading.Thread = thread
-        self.port = server.server_port
+        self._listener = Listener(bind, self.registry, name="webhook-metrics")
+        self.port = self._listener.port
 
     def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=5)
+        self._listener.stop()

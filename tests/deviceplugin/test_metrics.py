@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.client
 import socket
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -11,10 +12,11 @@ from pathlib import Path
 import grpc
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.parser import text_string_to_metric_families
 
 from deviceplugin.main import Plugin
-from deviceplugin.metrics import CALLS, OUTCOMES, REASONS
+from deviceplugin.metrics import CALLS, OUTCOMES, REASONS, MetricsServer
 from tests.deviceplugin.fakes import FakeApiServer, assign, plugin_settings
 from tests.deviceplugin.rig import Rig, make_rig
 from webhook.settings import SettingsError
@@ -182,3 +184,31 @@ def test_a_failed_registration_is_counted(tmp_path: Path) -> None:
         assert registry.get_sample_value("gpushare_deviceplugin_registrations_total", {"outcome": "ok"}) == 0
     finally:
         plugin.stop()
+
+
+def test_idle_connections_hold_no_thread_and_scrapes_go_on() -> None:
+    registry = CollectorRegistry()
+    Counter("gpushare_test_things", "Things.", registry=registry).inc()
+    server = MetricsServer(("127.0.0.1", 0), registry)
+    try:
+        host, port = server.address
+
+        def things() -> bytes:
+            conn = http.client.HTTPConnection(host, port, timeout=10)
+            try:
+                conn.request("GET", "/metrics")
+                return conn.getresponse().read()
+            finally:
+                conn.close()
+
+        assert b"gpushare_test_things_total 1.0" in things()
+        threads = threading.active_count()
+        idle = [socket.create_connection((host, port), timeout=10) for _ in range(200)]
+        try:
+            assert b"gpushare_test_things_total 1.0" in things()
+            assert threading.active_count() <= threads + 1  # at most the collector pool's second thread
+        finally:
+            for sock in idle:
+                sock.close()
+    finally:
+        server.stop()

@@ -7,6 +7,7 @@ import http.client
 import json
 import os
 import signal
+import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -291,3 +292,18 @@ def test_a_review_the_webhook_cannot_answer_counts_as_an_error(tmp_path: Path) -
     s = samples(generate_latest(metrics.registry).decode())
     assert value(s, "gpushare_webhook_reviews_total", endpoint="mutate", operation="CREATE", outcome="error") == 1
     assert value(s, "gpushare_webhook_review_duration_seconds_count", endpoint="mutate") == 1
+
+
+@pytest.mark.timeout(60)
+def test_idle_connections_to_the_metrics_port_hold_no_thread_of_the_arbiter(tmp_path: Path) -> None:
+    with webhook_server(tmp_path) as hook:
+        hook.scrape()
+        task_dir = Path(f"/proc/{hook.process.pid}/task")  # the arbiter serves /metrics
+        threads = len(list(task_dir.iterdir()))
+        idle = [socket.create_connection((HOST, hook.metrics_port), timeout=10) for _ in range(200)]
+        try:
+            assert value(samples(hook.scrape()), "gpushare_webhook_worker_processes") == 1
+            assert len(list(task_dir.iterdir())) <= threads + 1  # at most the collector pool's second thread
+        finally:
+            for sock in idle:
+                sock.close()

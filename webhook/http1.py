@@ -114,13 +114,15 @@ async def _read_chunked(reader: asyncio.StreamReader, limit: int) -> tuple[bytes
 
 
 async def read_request(
-    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, limits: Limits, *, first: bool
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, limits: Limits, *, first: bool,
+    started: Callable[[], None] | None = None,
 ) -> Request | None:
     """The next whole request on the connection, or None when the client closed it between requests.
 
     The headers must arrive within `read_deadline` of the first byte (of the handshake's end for the first
     request, so a client cannot hold an idle connection it never used) and the body within `read_deadline`
-    of the headers. A kept-alive connection may stay idle for `keepalive` before its next request.
+    of the headers. A kept-alive connection may stay idle for `keepalive` before its next request; `started` is
+    called when the first byte of that request arrives (the connection is no longer idle).
     """
     loop = asyncio.get_running_loop()
     seconds = limits.read_deadline
@@ -134,6 +136,8 @@ async def read_request(
         except TimeoutError:
             return None  # an idle kept-alive connection: close it quietly
         deadline = loop.time() + seconds
+        if start and started is not None:
+            started()
     if not start:
         return None
     try:

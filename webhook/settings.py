@@ -21,6 +21,15 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 _LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
 _HOST_NAME = re.compile(rf"^(?=.{{1,253}}$){_LABEL}(\.{_LABEL})*$")
 
+# Connections one client address may hold in one worker process (webhook/connlimits.py). Its webhook client opens one
+# connection per call in flight and keeps at most 25 idle ones per host (client-go's transport cache). A
+# kube-apiserver runs at most --max-mutating-requests-inflight (200) writes at once (with API priority and fairness,
+# which shares both inflight limits, 600 seats, between priority levels, a level of pod writes gets a share of them),
+# and each write calls this webhook once at a time: about 225 connections to the whole Service, spread over every
+# replica and process. 256 lets one process hold all of them; the benchmarks use 8. Only past it, and with none of
+# that client's connections idle, is a connection of the API server refused.
+DEFAULT_PER_CLIENT = "256"
+
 # What --help lists; tests check that each default here is the one settings_from applies.
 CONTRACT_VARIABLES = (
     Variable("GPUSHARE_RESOURCE_NAME", DEFAULT_RESOURCE, "the shared extended resource"),
@@ -48,6 +57,8 @@ WEBHOOK_VARIABLES = (
     Variable("GPUSHARE_WORKERS", "2", "gunicorn worker processes"),
     Variable("GPUSHARE_THREADS", "0", "threads per worker process that run the app (0: on the event loop thread)"),
     Variable("GPUSHARE_READ_DEADLINE_SECONDS", "2", "bound of the TLS handshake, the headers and the body, each"),
+    Variable("GPUSHARE_MAX_CONNECTIONS_PER_CLIENT", DEFAULT_PER_CLIENT, "connections one client address may hold in "
+             "each worker process; past it its oldest idle one is closed, or the new one refused"),
     *LOG_VARIABLES,
     Variable("GPUSHARE_METRICS_BIND", "127.0.0.1:9102", "plain-HTTP /metrics of all workers, HOST:PORT; empty: off"),
     Variable("PROMETHEUS_MULTIPROC_DIR", "", "the workers' metrics directory; empty: a fresh one per start"),
@@ -184,6 +195,8 @@ class Settings:
     metrics_bind: tuple[str, int] | None = None
     # Prometheus multiprocess directory given by the operator; empty: gunicorn.conf.py makes a fresh one.
     metrics_dir: str = ""
+    # Connections one client address may hold in one worker process (webhook/connlimits.py).
+    max_connections_per_client: int = int(DEFAULT_PER_CLIENT)
 
     @property
     def trusted_identities(self) -> tuple[str, ...]:
@@ -224,6 +237,9 @@ def settings_from(env: Mapping[str, str]) -> Settings:
             env, "GPUSHARE_METRICS_BIND", "127.0.0.1:9102", metrics_address, "host:port, or empty to turn it off"
         ),
         metrics_dir=env_value(env, "PROMETHEUS_MULTIPROC_DIR", ""),
+        max_connections_per_client=env_parsed(
+            env, "GPUSHARE_MAX_CONNECTIONS_PER_CLIENT", DEFAULT_PER_CLIENT, positive_int, "a positive integer"
+        ),
     )
 
 

@@ -6,6 +6,10 @@ of a replica. Here one event loop per process owns every connection: the handsha
 each read under GPUSHARE_READ_DEADLINE_SECONDS, costing no thread while they wait, and only a whole request is
 handed to the WSGI app. A stalled client costs a socket, never a thread.
 
+A process holds at most gunicorn's worker_connections, and one client address at most
+GPUSHARE_MAX_CONNECTIONS_PER_CLIENT of them; past either limit a new connection takes the place of another
+(webhook/connlimits.py says whose), so a client that opens many connections cannot lock the API server out.
+
 The app runs on the event loop's own thread by default (GPUSHARE_THREADS=0): reviews are pure computation of well
 under a millisecond that hold the GIL throughout, so a pool of app threads adds no parallelism, only a hand-off per
 request and the loop's wait for the GIL after every socket call (gunicorn.conf.py has the figures). GPUSHARE_THREADS
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import functools
 import logging
 import os
 import signal
@@ -31,12 +36,12 @@ from gunicorn.workers import base
 
 from webhook import http1
 from webhook.acceptshare import Shares
+from webhook.connections import Conn, Connections, Reader
+from webhook.connlimits import State
 from webhook.settings import from_environ
 
 log = logging.getLogger(__name__)
 
-# Between two "connection limit reached" warnings of one process: a flood must not flood the log too.
-_WARN_EVERY = 10.0
 _ERRORS = (OSError, EOFError, asyncio.IncompleteReadError, ssl.SSLError)
 # Made when gunicorn's arbiter loads this worker class, before it forks the workers: all of them share it.
 SHARES = Shares()
@@ -62,6 +67,8 @@ class WebhookWorker(base.Worker):  # type: ignore[misc]  # gunicorn ships no typ
         self.limits = http1.Limits(settings.read_deadline_seconds, float(self.cfg.keepalive), settings.max_body_bytes)
         self.app_threads = settings.threads  # 0: the app runs on the loop's thread
         self.max_connections: int = self.cfg.worker_connections
+        self.max_per_client = settings.max_connections_per_client
+        self.conns: Connections  # made in run(), in the worker process (its counters are that process's)
         self.loop: asyncio.AbstractEventLoop  # made in init_process, in the worker process
         self.pool: ThreadPoolExecutor | None = None
         self.connections: set[asyncio.Task[None]] = set()
@@ -70,7 +77,6 @@ class WebhookWorker(base.Worker):  # type: ignore[misc]  # gunicorn ships no typ
         self._deferred = False
         self.busy = 0
         self.quick_exit = False
-        self._warned_at = 0.0
 
     # gunicorn lifecycle ------------------------------------------------------------------------------------
 
@@ -101,6 +107,7 @@ class WebhookWorker(base.Worker):  # type: ignore[misc]  # gunicorn ships no typ
         if self.app_threads:
             self.pool = ThreadPoolExecutor(max_workers=self.app_threads, thread_name_prefix="webhook-app")
         self._slot = SHARES.claim(os.getpid())
+        self.conns = Connections(self.max_connections, self.max_per_client)
         try:
             self.loop.run_until_complete(self._serve())
         finally:
@@ -169,13 +176,14 @@ class WebhookWorker(base.Worker):  # type: ignore[misc]  # gunicorn ships no typ
         self._attaching.discard(task)
         self._publish()
 
-    def _closed(self, task: asyncio.Task[None]) -> None:
+    def _closed(self, conn: Conn, task: asyncio.Task[None]) -> None:
         self.connections.discard(task)
+        self.conns.remove(conn)
         self._publish()
 
     def _publish(self) -> None:
         if self._slot is not None:
-            SHARES.publish(self._slot, len(self.connections) + len(self._attaching))
+            SHARES.publish(self._slot, self.conns.total + len(self._attaching))
 
     def _resume(self, sock: socket.socket) -> None:
         if self.alive:
@@ -183,7 +191,7 @@ class WebhookWorker(base.Worker):  # type: ignore[misc]  # gunicorn ships no typ
 
     async def _attach(self, conn: socket.socket) -> None:
         def protocol() -> asyncio.StreamReaderProtocol:
-            reader = asyncio.StreamReader(limit=http1.MAX_HEADER_BYTES, loop=self.loop)
+            reader = Reader(limit=http1.MAX_HEADER_BYTES, loop=self.loop)
             return asyncio.StreamReaderProtocol(reader, self._accepted, loop=self.loop)
 
         try:
@@ -195,26 +203,23 @@ class WebhookWorker(base.Worker):  # type: ignore[misc]  # gunicorn ships no typ
         """Runs inside connection_made: no byte of the handshake can reach the plain-text reader before start_tls."""
         if isinstance(writer.transport, asyncio.ReadTransport):
             writer.transport.pause_reading()
-        if len(self.connections) >= self.max_connections:
-            writer.transport.abort()
-            now = time.monotonic()
-            if now - self._warned_at > _WARN_EVERY:
-                self._warned_at = now
-                log.warning("Refused connections: this webhook process already holds %s (gunicorn "
-                            "worker_connections); add replicas, or restrict who may connect with the "
-                            "network-policy overlay.", self.max_connections)
-            return
-        task = self.loop.create_task(self._connection(reader, writer))
-        self.connections.add(task)
-        task.add_done_callback(self._closed)
-
-    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        assert isinstance(reader, Reader)
         client = _peer(writer)
+        conn = self.conns.admit(reader, writer, client[0])
+        if conn is None:
+            writer.transport.abort()
+            return
+        conn.task = task = self.loop.create_task(self._connection(conn, client))
+        self.connections.add(task)
+        task.add_done_callback(functools.partial(self._closed, conn))
+
+    async def _connection(self, conn: Conn, client: tuple[str, int]) -> None:
+        writer = conn.writer
         graceful = False
         try:
-            graceful = await self._exchange(reader, writer, client)
+            graceful = await self._exchange(conn, client)
         except asyncio.CancelledError:
-            pass  # the worker is stopping
+            pass  # the worker is stopping, or the connection gave way to another (webhook/connections.py)
         except _ERRORS as exc:  # the client went away or broke TLS mid-request
             log.debug("The connection from %s:%s ended: %r.", client[0], client[1], exc)
         finally:
@@ -223,9 +228,9 @@ class WebhookWorker(base.Worker):  # type: ignore[misc]  # gunicorn ships no typ
             else:
                 writer.transport.abort()
 
-    async def _exchange(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                        client: tuple[str, int]) -> bool:
+    async def _exchange(self, conn: Conn, client: tuple[str, int]) -> bool:
         """Serve requests until the client or the worker stops; True when the connection may close gracefully."""
+        reader, writer = conn.reader, conn.writer
         seconds = self.limits.read_deadline
         try:
             # Our own bound: asyncio's ssl_handshake_timeout ends in an OSError that cannot be told from a reset.
@@ -241,9 +246,10 @@ class WebhookWorker(base.Worker):  # type: ignore[misc]  # gunicorn ships no typ
         server = writer.get_extra_info("sockname")
         server_addr = (str(server[0]), int(server[1])) if isinstance(server, tuple) else ("localhost", 0)
         first = True
+        reading = functools.partial(self.conns.mark, conn, State.UNFINISHED)
         while self.alive:
             try:
-                req = await http1.read_request(reader, writer, self.limits, first=first)
+                req = await http1.read_request(reader, writer, self.limits, first=first, started=reading)
             except http1.Stalled as exc:
                 log.info("Closed the connection from %s:%s: %s.", client[0], client[1], exc)
                 return False
@@ -254,6 +260,7 @@ class WebhookWorker(base.Worker):  # type: ignore[misc]  # gunicorn ships no typ
             if req is None:
                 return True
             first = False
+            self.conns.mark(conn, State.BUSY)
             keep_alive = req.keep_alive and self.alive
             answer = await self._answer(req, http1.environ(req, server_addr, client), keep_alive)
             if not await self._send(writer, answer):
@@ -262,6 +269,8 @@ class WebhookWorker(base.Worker):  # type: ignore[misc]  # gunicorn ships no typ
                 if req.content_length > len(req.body):
                     await self._linger(reader)
                 return True
+            reader.fed = False  # from here until the next request's first byte, the connection is idle
+            self.conns.mark(conn, State.IDLE)
         return True
 
     async def _linger(self, reader: asyncio.StreamReader) -> None:

@@ -22,9 +22,12 @@ PARTIAL_BODY = (b"POST /mutate HTTP/1.1\r\nHost: gpushare-webhook\r\nContent-Typ
 Stalled = socket.socket | ssl.SSLSocket
 
 
-def open_one(port: int, context: ssl.SSLContext, kind: str, timeout: float = 10.0) -> Stalled:
-    """A connection that sends part of `kind` (handshake, headers or body) and then nothing more."""
-    raw = socket.create_connection((HOST, port), timeout=timeout)
+def open_one(
+    port: int, context: ssl.SSLContext, kind: str, timeout: float = 10.0, source: str | None = None,
+) -> Stalled:
+    """A connection that sends part of `kind` (handshake, headers or body) and then nothing more; from the local
+    address `source` when given (every 127.x.y.z address is local on Linux)."""
+    raw = socket.create_connection((HOST, port), timeout=timeout, source_address=(source, 0) if source else None)
     if kind == "handshake":
         raw.sendall(PARTIAL_RECORD)
         return raw

@@ -62,6 +62,7 @@ def test_identity_lists_are_comma_separated() -> None:
         ({"GPUSHARE_READ_DEADLINE_SECONDS": "31"}, "GPUSHARE_READ_DEADLINE_SECONDS='31'"),
         ({"GPUSHARE_READ_DEADLINE_SECONDS": "nan"}, "GPUSHARE_READ_DEADLINE_SECONDS='nan'"),
         ({"GPUSHARE_LOG_LEVEL": "chatty"}, "GPUSHARE_LOG_LEVEL='CHATTY' is not valid"),
+        ({"GPUSHARE_MAX_CONNECTIONS_PER_CLIENT": "0"}, "GPUSHARE_MAX_CONNECTIONS_PER_CLIENT='0' is not valid: must be"),
     ],
 )
 def test_bad_values_name_the_variable(env: dict[str, str], fragment: str) -> None:

@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 
 from charts import kustomize
-from charts.knobs import COMPONENT_DOCS, KNOBS, MODE_DOC, MODE_VALUE, MODES, Knob, Value, component_value
+from charts.knobs import COMPONENT_DOCS, KNOBS, MODE_DOC, MODE_VALUE, MODES, SWITCHES, Knob, Value, component_value
 from charts.model import Knobbed, ModelError, Part, When, apply_knobs, objects
 
 CHART = kustomize.REPO / "charts" / "gpushare"
@@ -163,6 +163,9 @@ def values_yaml(defaults: dict[str, Any]) -> str:
     groups: dict[str, list[str]] = {}
     for head, folder in switches.items():
         groups[head] = [_comment(_component_doc(folder), "  "), "  enabled: false\n"]
+    for switch in SWITCHES:
+        head, leaf = switch.value.split(".", 1)
+        groups.setdefault(head, []).extend([_comment(switch.doc, "  "), textwrap.indent(_dump({leaf: True}), "  ")])
     for value, _ in _value_entries():
         head, leaf = value.path.split(".", 1)
         doc = value.doc + (f" One of: {', '.join(value.enum)}." if value.enum else "")
@@ -197,6 +200,9 @@ def schema(defaults: dict[str, Any]) -> str:
     for folder in kustomize.components():
         group(component_value(folder))["properties"]["enabled"] = {
             "type": "boolean", "description": _component_doc(folder)}
+    for switch in SWITCHES:
+        head, leaf = switch.value.split(".", 1)
+        group(head)["properties"][leaf] = {"type": "boolean", "description": switch.doc}
     return json.dumps(root, indent=2) + "\n"
 
 

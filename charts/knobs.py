@@ -126,17 +126,41 @@ KNOBS: tuple[Knob, ...] = (
         block=True,
     ),
     Knob(
-        where=(Where("NetworkPolicy", "gpushare-webhook-from-apiserver", "spec.ingress[0].from"),),
-        values=(Value("networkPolicy.from", "The API server's source addresses (NetworkPolicyPeers); the "
-                      "default is a documentation range that matches nothing. See manifests/network-policy."),),
+        where=(Where("NetworkPolicy", "gpushare-webhook", "spec.ingress[0].from"),),
+        values=(Value("networkPolicy.apiServer", "Who may reach the webhook's admission port (8443): the API "
+                      "server's source addresses, as NetworkPolicyPeers (an ipBlock per range). Empty admits every "
+                      "source; docs/deploy.md, Network policy, says how to find yours."),),
         block=True,
     ),
+    Knob(
+        where=(Where("NetworkPolicy", "gpushare-webhook", "spec.ingress[1].from"),
+               Where("NetworkPolicy", "gpushare-device-plugin", "spec.ingress[0].from")),
+        values=(Value("networkPolicy.metrics", "Who may reach the metrics ports (9102 of the webhook, 9103 of the "
+                      "device plugins): your monitoring stack, as NetworkPolicyPeers (a namespaceSelector of its "
+                      "namespace). Empty admits every source."),),
+        block=True,
+    ),
+)
+
+
+@dataclass(frozen=True)
+class Switch:
+    """Every object of `kind` in the base, kept while the chart value `value` (on by default) is true."""
+
+    value: str
+    kind: str
+    doc: str
+
+
+SWITCHES = (
+    Switch("networkPolicy.enabled", "NetworkPolicy", "Install the NetworkPolicies of "
+           "manifests/base/network-policy.yaml (who may reach the webhook's and the device plugins' ports); they act "
+           "only where the network plugin enforces NetworkPolicy."),
 )
 
 # The optional components of manifests/ (folder -> what its switch means); the chart's value is
 # `<camelCase folder>.enabled`, off by default, as a component is until an overlay lists it.
 COMPONENT_DOCS = {
-    "network-policy": "Admit only the API server to the webhook's port (set networkPolicy.from first).",
     "monitoring": "Prometheus Operator PodMonitors for the webhook and the device plugins, and the Grafana "
                   "dashboard as a ConfigMap (needs the monitoring.coreos.com CRDs).",
 }

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from charts import kustomize
-from charts.knobs import KNOBS, MODE_VALUE, MODES, Knob, Where, component_value
+from charts.knobs import KNOBS, MODE_VALUE, MODES, SWITCHES, Knob, Where, component_value
 from charts.kustomize import Obj, key
 
 
@@ -140,6 +140,13 @@ def objects() -> list[Part]:
                     raise ModelError(f"{_describe(k)} differs both by certificate mode and by component {folder}; "
                                      "the chart generator cannot express both on one object.")
                 parts[k].obj = merge(ss[k][0], obj, condition, f"not {condition}", _describe(k))
+    for switch in SWITCHES:
+        for k, part in parts.items():
+            if part.obj["kind"] == switch.kind:
+                if part.condition is not None:
+                    raise ModelError(f"{_describe(k)} is already under {part.condition}; the chart value "
+                                     f"{switch.value} can only switch objects every render has.")
+                part.condition = f".Values.{switch.value}"
     return list(parts.values())
 
 

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from charts import generate, kustomize
-from charts.knobs import KNOBS, MODE_VALUE, component_value
+from charts.knobs import KNOBS, MODE_VALUE, SWITCHES, component_value
 from tests.manifests import helm
 from tests.manifests.helm import CHART, Obj
 from tests.manifests.render import kubectl
@@ -24,6 +24,8 @@ PLUGIN_RESOURCES = {"requests": {"cpu": "20m", "memory": "64Mi"}, "limits": {"me
 NODE_SELECTOR = {"nvidia.com/gpu.present": "true"}
 TOLERATIONS = [{"operator": "Exists"}]
 PEERS = [{"ipBlock": {"cidr": "10.0.0.0/28"}}, {"ipBlock": {"cidr": "10.0.1.0/28"}}]
+SCRAPERS = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "observability"}},
+             "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}]
 
 # Every value of the chart set away from its default ...
 CUSTOM_VALUES: Obj = {
@@ -32,9 +34,9 @@ CUSTOM_VALUES: Obj = {
     "webhook": {"replicas": 3, "resources": WEBHOOK_RESOURCES},
     "devicePlugin": {"nodeSelector": NODE_SELECTOR, "tolerations": TOLERATIONS,
                      "resources": PLUGIN_RESOURCES},
-    "networkPolicy": {"enabled": True, "from": PEERS},
+    "networkPolicy": {"enabled": True, "apiServer": PEERS, "metrics": SCRAPERS},
     # and every optional component switched on
-    **{component_value(folder): {"enabled": True} for folder in kustomize.components() if folder != "network-policy"},
+    **{component_value(folder): {"enabled": True} for folder in kustomize.components()},
 }
 
 
@@ -73,7 +75,9 @@ def custom_kustomization(overlay: str) -> Obj:
                            "containers": [{"name": "device-plugin", "resources": PLUGIN_RESOURCES}]}),
             # Lists replace the default, in Helm as in a JSON patch.
             _replace("DaemonSet", "gpushare-device-plugin", "/spec/template/spec/tolerations", TOLERATIONS),
-            _replace("NetworkPolicy", "gpushare-webhook-from-apiserver", "/spec/ingress/0/from", PEERS),
+            _replace("NetworkPolicy", "gpushare-webhook", "/spec/ingress/0/from", PEERS),
+            _replace("NetworkPolicy", "gpushare-webhook", "/spec/ingress/1/from", SCRAPERS),
+            _replace("NetworkPolicy", "gpushare-device-plugin", "/spec/ingress/0/from", SCRAPERS),
         ],
     }
 
@@ -129,8 +133,15 @@ def test_every_component_is_a_switch_of_the_chart() -> None:
             kustomize.key(o) for o in manifests("cert-manager")}
 
 
+def test_the_network_policies_are_on_by_default_and_a_switch_turns_them_off() -> None:
+    policies = {kustomize.key(o) for o in manifests("cert-manager") if o["kind"] == "NetworkPolicy"}
+    assert len(policies) == 2
+    assert policies <= {kustomize.key(o) for o in helm.template()}
+    assert not policies & {kustomize.key(o) for o in helm.template(sets=["networkPolicy.enabled=false"])}
+
+
 @pytest.mark.parametrize("sets", [
-    [], ["certificates=self-signed"], ["networkPolicy.enabled=true"],
+    [], ["certificates=self-signed"], ["networkPolicy.enabled=false"],
     ["config.delivery=cdi,config.placement=node"],
 ])
 def test_helm_lint_is_clean(sets: list[str]) -> None:
@@ -167,7 +178,7 @@ def test_chart_metadata_agrees_with_the_manifests() -> None:
 
 def test_every_value_is_in_the_docs_table() -> None:
     docs = (helm.REPO / "docs" / "helm.md").read_text()
-    paths = [MODE_VALUE, *(v.path for knob in KNOBS for v in knob.values),
+    paths = [MODE_VALUE, *(v.path for knob in KNOBS for v in knob.values), *(s.value for s in SWITCHES),
              *(f"{component_value(folder)}.enabled" for folder in kustomize.components())]
     missing = [p for p in paths if f"| `{p}` |" not in docs]
     assert missing == [], f"docs/helm.md's values table lacks {missing}"

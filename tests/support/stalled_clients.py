@@ -1,12 +1,14 @@
-"""Clients that stop mid-request: mid-handshake, mid-headers, mid-body. Shared by the stall tests and bench.
+"""Clients that stop mid-request (mid-handshake, mid-headers, mid-body) or idle after one. Shared by tests and bench.
 
     socks = open_stalled(port, ssl_context, 64)   # a third of each kind, round robin
     ...
     close_all(socks)
+    conn = open_idle(port, ssl_context, "127.0.0.2")  # one GET /healthz answered, then silence; None if refused
 """
 
 from __future__ import annotations
 
+import http.client
 import socket
 import ssl
 from contextlib import suppress
@@ -34,6 +36,24 @@ def open_one(
     tls = context.wrap_socket(raw, server_hostname=HOST)
     tls.sendall(PARTIAL_HEADERS if kind == "headers" else PARTIAL_BODY)
     return tls
+
+
+def open_idle(port: int, context: ssl.SSLContext, source: str = HOST,
+              timeout: float = 10.0) -> http.client.HTTPSConnection | None:
+    """A kept-alive connection from the local address `source` that got one GET /healthz answered and then says
+    nothing; None when the server refused or closed it."""
+    conn = http.client.HTTPSConnection(HOST, port, context=context, timeout=timeout, source_address=(source, 0))
+    try:
+        conn.request("GET", "/healthz")
+        res = conn.getresponse()
+        res.read()
+    except (OSError, http.client.HTTPException):
+        conn.close()
+        return None
+    if res.status != 200:
+        conn.close()
+        return None
+    return conn
 
 
 def open_stalled(port: int, context: ssl.SSLContext, count: int) -> list[Stalled]:

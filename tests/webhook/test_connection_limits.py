@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.stalled_clients import close_all, closed_by_server, open_one, still_open
+from tests.support.stalled_clients import close_all, closed_by_server, open_idle, open_one, still_open
 from tests.support.webhook_server import HOST, RunningWebhook, webhook_server
 from tests.webhook.pods import container, pod, review
 from tests.webhook.test_metrics import samples, value
@@ -33,15 +33,7 @@ def connection(hook: RunningWebhook, source: str) -> http.client.HTTPSConnection
 
 def healthz_then_idle(hook: RunningWebhook, source: str) -> http.client.HTTPSConnection | None:
     """What the flood does: one GET /healthz, then silence on a kept-alive connection; None when refused."""
-    conn = connection(hook, source)
-    try:
-        conn.request("GET", "/healthz")
-        res = conn.getresponse()
-        res.read()
-    except (OSError, http.client.HTTPException):
-        conn.close()
-        return None
-    return conn if res.status == 200 else None
+    return open_idle(hook.port, hook.ssl_context(), source, timeout=CLIENT_TIMEOUT)
 
 
 def review_on(conn: http.client.HTTPSConnection, uid: str) -> str:

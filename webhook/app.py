@@ -21,9 +21,18 @@ from werkzeug.exceptions import RequestEntityTooLarge
 from webhook import signing
 from webhook.metrics import WebhookMetrics
 from webhook.mutate import mutate, mutate_update
-from webhook.review import MalformedReview, Request, Review, parse_review, respond, username
+from webhook.review import (
+    VALIDATED_KINDS,
+    MalformedReview,
+    Request,
+    Review,
+    parse_review,
+    respond,
+    token_node,
+    username,
+)
 from webhook.settings import Settings, from_environ
-from webhook.validate import validate
+from webhook.validate import Verdict, validate, validate_binding
 
 log = logging.getLogger(__name__)
 
@@ -66,8 +75,17 @@ def _describe(req: Request) -> str:
 
 
 def _sub(req: Request) -> str:
-    sub = req.get("subResource")
+    sub = req.get("subResource") or ("binding" if req["kind"]["kind"] == "Binding" else "")
     return f" pods/{sub}" if sub else ""
+
+
+def _judge(req: Request, settings: Settings, key: SigningKey) -> Verdict:
+    if req["kind"]["kind"] == "Binding":
+        return validate_binding(req["object"], username(req), req["namespace"], settings)
+    return validate(
+        req["operation"], req["oldObject"], req["object"], username(req), req["namespace"], settings,
+        key.get().public_key(), token_node=token_node(req), subresource=req.get("subResource", ""),
+    )
 
 
 def _utc_now() -> datetime.datetime:
@@ -191,15 +209,12 @@ def create_app(
     def validate_view() -> Any:
         started = time.perf_counter()
         try:
-            req = parse_review(body(), settings.max_body_bytes)
+            req = parse_review(body(), settings.max_body_bytes, VALIDATED_KINDS)
         except MalformedReview as exc:
             count("validate", started, "unknown", "malformed")
             return malformed(exc)
         try:
-            verdict = validate(
-                req["operation"], req["oldObject"], req["object"], username(req), req["namespace"], settings,
-                key.get().public_key(),
-            )
+            verdict = _judge(req, settings, key)
         except Exception as exc:
             log.exception("validate %s uid=%s failed", _describe(req), req["uid"])
             count("validate", started, req["operation"], "error")

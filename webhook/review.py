@@ -11,6 +11,13 @@ import orjson
 API_VERSION: Final = "admission.k8s.io/v1"
 KIND: Final = "AdmissionReview"
 OPERATIONS: Final = ("CREATE", "UPDATE")
+# The kinds a review may be about: the /validate endpoint also judges pods/binding (a Binding copies its annotations
+# onto the pod); /mutate takes pods only.
+POD_KINDS: Final = ("Pod",)
+VALIDATED_KINDS: Final = ("Pod", "Binding")
+# Where a bound ServiceAccount token names its node (k8s.io/apiserver pkg/authentication/serviceaccount, NodeNameKey):
+# a pod's projected token since Kubernetes 1.30 (ServiceAccountTokenPodNodeInfo), a token bound to a Node object.
+NODE_NAME_KEY: Final = "authentication.kubernetes.io/node-name"
 # A Pod nests about 15 levels (managedFields included); anything far deeper is not a pod. This is the deepest
 # orjson serializes (its recursion limit), checked by serializing, which costs a quarter of a walk in Python; it
 # stays well clear of the interpreter's recursion limit (1000) for whatever reads the object next.
@@ -18,6 +25,7 @@ MAX_DEPTH: Final = 254
 _CONTAINER_KINDS: Final = ("initContainers", "containers", "ephemeralContainers")
 _TOO_DEEP: Final = f"the request body nests deeper than {MAX_DEPTH} levels; send an AdmissionReview"
 _WORDS: Final[dict[type, str]] = {dict: "an object", list: "a list", str: "a string"}
+_RESOURCES: Final = {"Pod": "pods", "Binding": "pods/binding"}
 
 
 class MalformedReview(ValueError):
@@ -34,6 +42,7 @@ class UserInfo(TypedDict, total=False):
     username: str
     uid: str
     groups: list[str]
+    extra: dict[str, list[str]]
 
 
 class Request(TypedDict):
@@ -75,8 +84,9 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())
 
 
-def parse_review(body: bytes, max_bytes: int) -> Request:
-    """The request of an AdmissionReview v1 about a pod CREATE or UPDATE, or MalformedReview saying why not."""
+def parse_review(body: bytes, max_bytes: int, kinds: tuple[str, ...] = POD_KINDS) -> Request:
+    """The request of an AdmissionReview v1 about a pod CREATE or UPDATE (or, where `kinds` names it, a Binding's
+    CREATE), or MalformedReview saying why not."""
     if len(body) > max_bytes:
         raise MalformedReview(
             f"the request body is {len(body)} bytes, over the {max_bytes}-byte limit (GPUSHARE_MAX_BODY_BYTES)"
@@ -104,32 +114,36 @@ def parse_review(body: bytes, max_bytes: int) -> Request:
     if not isinstance(uid, str) or not uid:
         raise MalformedReview("the AdmissionReview request has no uid")
     kind = request.get("kind")
-    if not isinstance(kind, dict) or kind.get("kind") != "Pod" or kind.get("group", "") != "":
+    if not isinstance(kind, dict) or kind.get("kind") not in kinds or kind.get("group", "") != "":
+        names = " or ".join(f"core/v1 {k}" for k in kinds)
         raise MalformedReview(
-            f"the AdmissionReview {uid} is about {kind!r}, not a core/v1 Pod; register this webhook for pods only"
+            f"the AdmissionReview {uid} is about {kind!r}, not a {names}; register this endpoint for "
+            f"{' and '.join(_RESOURCES[k] for k in kinds)} only"
         )
     operation = request.get("operation")
-    if operation not in OPERATIONS:
+    if operation not in OPERATIONS or (kind["kind"] == "Binding" and operation != "CREATE"):
         raise MalformedReview(
             f"the AdmissionReview {uid} is a {operation!r} operation; register this webhook for CREATE and UPDATE"
+            f"{' (CREATE only for pods/binding)' if kind['kind'] == 'Binding' else ''}"
         )
     obj = request.get("object")
     if not isinstance(obj, dict):
-        raise MalformedReview(f"the AdmissionReview {uid} has no object (the pod)")
+        raise MalformedReview(f"the AdmissionReview {uid} has no object (the {kind['kind'].lower()})")
     old = request.get("oldObject")
     if operation == "UPDATE" and not isinstance(old, dict):
         raise MalformedReview(f"the AdmissionReview {uid} is an UPDATE without oldObject")
+    shape = binding_shape_problem if kind["kind"] == "Binding" else pod_shape_problem
     for what, pod in (("object", obj), ("oldObject", old)):
-        problem = pod_shape_problem(pod) if isinstance(pod, dict) else None
+        problem = shape(pod) if isinstance(pod, dict) else None
         if problem:
-            raise MalformedReview(f"the AdmissionReview {uid} {what} is not a core/v1 Pod: {problem}")
+            raise MalformedReview(f"the AdmissionReview {uid} {what} is not a core/v1 {kind['kind']}: {problem}")
     namespace = request.get("namespace") or (obj.get("metadata") or {}).get("namespace")
     if not isinstance(namespace, str) or not namespace:
         raise MalformedReview(f"the AdmissionReview {uid} names no namespace; pods are always namespaced")
     user = request.get("userInfo")
     parsed: Request = {
         "uid": uid,
-        "kind": {"group": "", "version": str(kind.get("version", "v1")), "kind": "Pod"},
+        "kind": {"group": "", "version": str(kind.get("version", "v1")), "kind": str(kind["kind"])},
         "namespace": namespace,
         "operation": operation,
         "userInfo": _user_info(user),
@@ -281,6 +295,18 @@ def shape_problem(pod: dict[str, Any]) -> str | None:
     return None
 
 
+def binding_shape_problem(binding: dict[str, Any]) -> str | None:
+    """Why `binding` does not have the shape of a Binding in the fields the rules read, or None when it does."""
+    meta = binding.get("metadata")
+    checks: list[tuple[object, type, str]] = [(meta, dict, "metadata"), (binding.get("target"), dict, "target")]
+    if isinstance(meta, dict):
+        annotations = meta.get("annotations")
+        checks += [(annotations, dict, "metadata.annotations"), (meta.get("name"), str, "metadata.name")]
+        if isinstance(annotations, dict):
+            checks += [(v, str, f"metadata.annotations[{k!r}]") for k, v in annotations.items()]
+    return next((p for p in (_kind_problem(*check) for check in checks) if p), None)
+
+
 def _user_info(value: object) -> UserInfo:
     info: UserInfo = {}
     if isinstance(value, dict):
@@ -290,11 +316,22 @@ def _user_info(value: object) -> UserInfo:
             info["uid"] = value["uid"]
         if isinstance(value.get("groups"), list):
             info["groups"] = [str(g) for g in value["groups"]]
+        extra = value.get("extra")
+        if isinstance(extra, dict):
+            info["extra"] = {str(k): [v for v in values if isinstance(v, str)]
+                             for k, values in extra.items() if isinstance(values, list)}
     return info
 
 
 def username(request: Request) -> str:
     return str(request["userInfo"].get("username") or "")
+
+
+def token_node(request: Request) -> str | None:
+    """The node the caller's token is bound to (userInfo.extra), or None where the token names none: a token minted
+    before Kubernetes 1.30, a legacy Secret token, or a user that is not a ServiceAccount."""
+    names = request["userInfo"].get("extra", {}).get(NODE_NAME_KEY) or []
+    return names[0] if names and names[0] else None
 
 
 def respond(

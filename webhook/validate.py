@@ -9,10 +9,13 @@ from typing import Any, Protocol
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from webhook import signing
+from webhook.binding import binding_problems
 from webhook.booking import booking_problems
 from webhook.envrules import container_problems, expected_env, new_ephemeral, slots
+from webhook.identity import plugin_problems
 from webhook.protocol import (
     ASSIGNED,
+    ASSUME_TIME,
     COMPAT_KEYS,
     PLACEMENT_KEYS,
     RESERVED_ENV,
@@ -87,21 +90,35 @@ ALLOWED = Verdict(True)
 
 def validate(  # noqa: PLR0917 - the call shape of the shared contract: (operation, old, new, user, ns, ...)
     operation: str, old: Pod | None, new: Pod, username: str, namespace: str, policy: Policy,
-    public_key: Ed25519PublicKey,
+    public_key: Ed25519PublicKey, *, token_node: str | None = None, subresource: str = "",
 ) -> Verdict:
-    """Allow, or deny with whole sentences that name the pod, each offending key and the fix."""
+    """Allow, or deny with whole sentences that name the pod, each offending key and the fix.
+
+    `token_node`: the node the caller's token is bound to (userInfo.extra), None where it names none.
+    """
     if operation == "CREATE":
         problems = _create_problems(new, namespace, policy, public_key)
     elif operation == "UPDATE" and old is not None:
-        problems = _update_problems(old, new, username, policy)
+        problems = _update_problems(old, new, username, policy, token_node, subresource)
     else:
         return ALLOWED
+    return _verdict(problems, _ref(new, namespace))
+
+
+def validate_binding(binding: Pod, username: str, namespace: str, policy: Policy) -> Verdict:
+    """A pods/binding CREATE: allow, or deny naming each reserved annotation the Binding may not carry."""
+    problems = _tagged("not_authorized", binding_problems(binding, username, policy.extender_identities,
+                                                          policy.contract))
+    return _verdict(problems, _ref(binding, namespace))
+
+
+def _verdict(problems: list[str], pod: str) -> Verdict:
     if not problems:
         return ALLOWED
     sentences = " ".join(_sentence(p) for p in problems)
     found = {getattr(p, "reason", "bad_spec") for p in problems}
     reasons = tuple(r for r in REASONS if r in found)
-    return Verdict(False, f"gpushare denied pod {_ref(new, namespace)}. {sentences}", reasons)
+    return Verdict(False, f"gpushare denied pod {pod}. {sentences}", reasons)
 
 
 def _sentence(problem: str) -> str:
@@ -257,12 +274,16 @@ def _env_problems(pod: Pod, contract: Contract, total: int, demand: Demand) -> l
 # UPDATE
 
 
-def _update_problems(old: Pod, new: Pod, username: str, policy: Policy) -> list[str]:
+def _update_problems(  # noqa: PLR0917 - the request's parts, in the order validate() receives them
+    old: Pod, new: Pod, username: str, policy: Policy, token_node: str | None, subresource: str
+) -> list[str]:
     contract = policy.contract
     before, after = read_annotations(old), read_annotations(new)
     # pods/ephemeralcontainers adds containers to a running pod; the others cannot change (spec is immutable).
     problems = _tagged("container_env", container_problems(new_ephemeral(old, new), contract,
                                                            policy.other_gpu_resources))
+    if username in policy.plugin_identities:
+        problems += _tagged("not_authorized", plugin_problems(old, new, token_node, subresource, contract))
     problems += _tagged("intent_changed", (
         f"annotation {key} was {_verb(key, before, after)}, but it is stamped once at creation by the gpushare "
         "mutating webhook and never changes; restore its original value"
@@ -317,13 +338,22 @@ def _update_problems(old: Pod, new: Pod, username: str, policy: Policy) -> list[
 def _placement_problems(
     old: Pod, before: Mapping[str, str], after: Mapping[str, str], username: str, policy: Policy
 ) -> list[str]:
-    moved = [k for k in PLACEMENT_KEYS if before.get(k) != after.get(k)]
+    plugin = username in policy.plugin_identities
+    # The plugin never moves a placement, bound or not: it only adds one where none was (node-local placement).
+    moved = [k for k in (*PLACEMENT_KEYS, ASSUME_TIME) if before.get(k) != after.get(k)
+             and (plugin or k in PLACEMENT_KEYS)]
     bound = bool((old.get("spec") or {}).get("nodeName")) or before.get(ASSIGNED) == "true"
-    if not moved or not bound:
+    if not moved or not (bound or plugin):
         return []
     # Node-local placement (cdi mode): the plugin picks the GPU after binding, adding the keys where none were.
-    if username in policy.plugin_identities and not any(k in before for k in PLACEMENT_KEYS):
+    if plugin and not any(k in before for k in PLACEMENT_KEYS):
         return []
+    if not bound:
+        return [
+            f"annotation {key} was {_verb(key, before, after)} by the gpushare device plugin, which may only add a "
+            "placement the pod lacks (node-local placement); leave the scheduler extender's placement as it was"
+            for key in moved
+        ]
     return [
         f"annotation {key} was {_verb(key, before, after)} after the pod was bound to a node or allocated; kubelet "
         "reads it into the containers' environment, so it cannot change any more; delete and recreate the pod to "

@@ -11,7 +11,17 @@ import jsonpatch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from webhook.mutate import mutate
-from webhook.protocol import DEFAULT_RESOURCE, Contract
+from webhook.protocol import (
+    ASSIGNED,
+    ASSUME_TIME,
+    DEFAULT_RESOURCE,
+    DEV,
+    IDX,
+    POD,
+    Allocation,
+    ContainerSlot,
+    Contract,
+)
 
 RES = DEFAULT_RESOURCE
 NS = "ml"
@@ -20,6 +30,8 @@ OTHER_KEY = Ed25519PrivateKey.generate()
 EXTENDER = "system:serviceaccount:kube-system:gpushare-schd-extender"
 PLUGIN = "system:serviceaccount:gpushare-system:gpushare-device-plugin"
 USER = "alice"
+NODE = "gpu-node-1"
+ALLOCATION = Contract().allocation_key
 
 Pod = dict[str, Any]
 
@@ -77,6 +89,24 @@ def annotate(p: Pod, changes: Mapping[str, str | None]) -> Pod:
         else:
             annotations[key] = value
     return out
+
+
+def bound(p: Pod, node: str = NODE) -> Pod:
+    out = copy.deepcopy(p)
+    out["spec"]["nodeName"] = node
+    return out
+
+
+def placed(p: Pod, index: str = "1", dev: str = "16", total: str = "2") -> Pod:
+    return annotate(p, {IDX: index, DEV: dev, POD: total, ASSUME_TIME: "1700000000000000000", ASSIGNED: "false"})
+
+
+def allocation(allocation_id: str = "alloc-1", node: str = NODE, gpu: int = 1, units: int = 2) -> str:
+    return Allocation(allocation_id, node, gpu, "GPU-0000", {"a": ContainerSlot(units, "slot-a")}).to_json()
+
+
+def allocated(p: Pod, record: str | None = None) -> Pod:
+    return annotate(p, {ASSIGNED: "true", ALLOCATION: record or allocation()})
 
 
 def review(operation: str, obj: Pod, old: Pod | None = None, *, user: str = USER, uid: str = "uid-1",

@@ -16,7 +16,8 @@ from flask.testing import FlaskClient
 
 from certs.build import dev_bundle
 from certs.cli import write_files
-from tests.webhook.pods import EXTENDER, container, counter, pod, review
+from tests.webhook.plugin_cases import ALLOCATED_POD, ASSIGNED_POD, binding
+from tests.webhook.pods import EXTENDER, NODE, PLUGIN, container, counter, pod, review
 from webhook.app import create_app
 from webhook.protocol import IDX
 from webhook.settings import Settings, settings_from
@@ -214,3 +215,67 @@ def test_mutate_without_signing_key_denies_with_the_reason(tmp_path: Path) -> No
     assert status == 200
     assert answer["response"]["allowed"] is False
     assert "GPUSHARE_SIGNING_KEY" in answer["response"]["status"]["message"]
+
+
+def plugin_review(old: Any, new: Any, node: str | None, subresource: str = "") -> dict[str, Any]:
+    doc = review("UPDATE", new, old, user=PLUGIN)
+    if node is not None:
+        doc["request"]["userInfo"]["extra"] = {"authentication.kubernetes.io/node-name": [node],
+                                               "authentication.kubernetes.io/pod-name": ["gpushare-device-plugin-x"]}
+    if subresource:
+        doc["request"]["subResource"] = subresource
+    return doc
+
+
+@pytest.mark.parametrize(
+    ("node", "subresource", "fragment"),
+    [
+        (NODE, "", None),
+        (None, "", None),  # a token without a node (before Kubernetes 1.30): the node cannot be checked here
+        ("gpu-node-2", "", f"The gpushare device plugin of node gpu-node-2 changed ALIYUN_COM_GPU_MEM_ASSIGNED of a "
+                           f"pod bound to node {NODE}"),
+        (NODE, "status", "updated pods/status, which it never needs"),
+    ],
+)
+def test_the_plugin_tokens_node_reaches_the_rules(client: FlaskClient, node: str | None, subresource: str,
+                                                  fragment: str | None) -> None:
+    status, answer = post(client, "/validate", plugin_review(ASSIGNED_POD, ALLOCATED_POD, node, subresource))
+    assert status == 200
+    if fragment is None:
+        assert answer["response"]["allowed"] is True, answer
+    else:
+        assert answer["response"]["allowed"] is False
+        assert fragment in answer["response"]["status"]["message"]
+
+
+def binding_review(annotations: dict[str, str] | None, user: str, *, legacy: bool = False) -> dict[str, Any]:
+    """What kube-apiserver sends for POST pods/NAME/binding (or, `legacy`, POST bindings)."""
+    request = {
+        "uid": "u-bind", "kind": {"group": "", "version": "v1", "kind": "Binding"},
+        "resource": {"group": "", "version": "v1", "resource": "bindings" if legacy else "pods"},
+        "name": "job-0", "namespace": "ml", "operation": "CREATE",
+        "userInfo": {"username": user, "groups": ["system:authenticated"]},
+        "object": binding(annotations), "oldObject": None, "dryRun": False,
+    }
+    if not legacy:
+        request["subResource"] = "binding"
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request}
+
+
+@pytest.mark.parametrize("legacy", [False, True])
+def test_a_binding_is_judged_by_validate(client: FlaskClient, legacy: bool, caplog: pytest.LogCaptureFixture) -> None:
+    _, answer = post(client, "/validate", binding_review(None, EXTENDER, legacy=legacy))
+    assert answer["response"] == {"uid": "u-bind", "allowed": True}
+    with caplog.at_level(logging.INFO, logger="webhook.app"):
+        _, answer = post(client, "/validate", binding_review({IDX: "0"}, "alice", legacy=legacy))
+    assert answer["response"]["allowed"] is False
+    assert answer["response"]["status"]["message"].startswith(
+        f"gpushare denied pod ml/job-0. The Binding carries annotation {IDX}, which the API server would copy onto "
+        "the pod, but only the scheduler extender may place a pod's GPU and alice is not it")
+    assert "validate ml/job-0 uid=u-bind CREATE pods/binding denied" in caplog.text
+
+
+def test_a_binding_is_not_for_mutate(client: FlaskClient) -> None:
+    res = client.post("/mutate", data=json.dumps(binding_review(None, EXTENDER)), content_type="application/json")
+    assert res.status_code == 400
+    assert "not a core/v1 Pod; register this endpoint for pods only" in res.get_data(as_text=True)

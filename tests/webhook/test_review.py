@@ -9,7 +9,17 @@ from typing import Any
 import pytest
 
 from tests.webhook.pods import container, pod, review
-from webhook.review import API_VERSION, KIND, MAX_DEPTH, MalformedReview, parse_review, respond, username
+from webhook.review import (
+    API_VERSION,
+    KIND,
+    MAX_DEPTH,
+    VALIDATED_KINDS,
+    MalformedReview,
+    parse_review,
+    respond,
+    token_node,
+    username,
+)
 
 LIMIT = 1 << 20
 
@@ -144,3 +154,55 @@ def test_denial_carries_code_and_message_and_never_a_patch() -> None:
 
 def test_warnings_are_passed_through() -> None:
     assert respond("u-4", warnings=["careful"])["response"]["warnings"] == ["careful"]
+
+
+def test_the_token_node_is_read_from_user_info_extra() -> None:
+    doc = review("UPDATE", pod(), pod(), user="system:serviceaccount:gpushare-system:gpushare-device-plugin")
+    doc["request"]["userInfo"]["extra"] = {
+        "authentication.kubernetes.io/node-name": ["gpu-node-1"], "authentication.kubernetes.io/pod-uid": ["u"],
+        "odd": "not a list", "mixed": ["a", 1],
+    }
+    req = parse_review(body(doc), LIMIT)
+    assert token_node(req) == "gpu-node-1"
+    assert req["userInfo"]["extra"] == {"authentication.kubernetes.io/node-name": ["gpu-node-1"],
+                                        "authentication.kubernetes.io/pod-uid": ["u"], "mixed": ["a"]}
+
+
+@pytest.mark.parametrize("extra", [None, {}, {"authentication.kubernetes.io/node-name": []},
+                                   {"authentication.kubernetes.io/node-name": [""]}, "nodes"])
+def test_a_token_without_a_node_names_none(extra: object) -> None:
+    doc = review("UPDATE", pod(), pod())
+    if extra is not None:
+        doc["request"]["userInfo"]["extra"] = extra
+    assert token_node(parse_review(body(doc), LIMIT)) is None
+
+
+def binding_doc(operation: str = "CREATE", **binding_changes: Any) -> dict[str, Any]:
+    doc = review(operation, {"metadata": {"name": "job-0", "namespace": "ml"}, "target": {"kind": "Node",
+                                                                                          "name": "n1"}})
+    doc["request"]["kind"] = {"group": "", "version": "v1", "kind": "Binding"}
+    doc["request"]["object"].update(binding_changes)
+    return doc
+
+
+def test_a_binding_is_read_only_where_asked_for() -> None:
+    req = parse_review(body(binding_doc()), LIMIT, VALIDATED_KINDS)
+    assert req["kind"]["kind"] == "Binding" and req["object"]["target"]["name"] == "n1"
+    with pytest.raises(MalformedReview, match="not a core/v1 Pod; register this endpoint for pods only"):
+        parse_review(body(binding_doc()), LIMIT)
+
+
+@pytest.mark.parametrize(
+    ("doc", "fragment"),
+    [
+        (binding_doc("UPDATE"), "is a 'UPDATE' operation; register this webhook for CREATE and UPDATE (CREATE only "
+                                "for pods/binding)"),
+        (binding_doc(target="n1"), "object is not a core/v1 Binding: target is str, not an object"),
+        (binding_doc(metadata={"name": "p", "annotations": {"k": 1}}), "metadata.annotations['k'] is int"),
+        (binding_doc(metadata=[]), "metadata is list"),
+    ],
+)
+def test_a_malformed_binding_says_what_is_wrong(doc: dict[str, Any], fragment: str) -> None:
+    with pytest.raises(MalformedReview) as caught:
+        parse_review(body(doc), LIMIT, VALIDATED_KINDS)
+    assert fragment in str(caught.value)

@@ -10,13 +10,18 @@ import pytest
 from tests.webhook.pods import (
     EXTENDER,
     KEY,
+    NODE,
     NS,
     OTHER_KEY,
     PLUGIN,
     USER,
     Pod,
+    allocated,
+    allocation,
     annotate,
+    bound,
     container,
+    placed,
     pod,
     stamped,
 )
@@ -34,7 +39,6 @@ C = POLICY.contract
 INTENT, SIGNATURE, ALLOCATION = C.intent_key, C.signature_key, C.allocation_key
 
 GPU = stamped(pod(container("a", 2), inits=[container("i", 1)]))
-NODE = "gpu-node-1"
 
 
 def check(operation: str, new: Pod, old: Pod | None = None, user: str = USER, *, policy: Settings = POLICY,
@@ -47,24 +51,6 @@ def with_env(p: Pod, env: list[dict[str, Any]], index: int = 0, kind: str = "con
     out = copy.deepcopy(p)
     out["spec"][kind][index]["env"] = env
     return out
-
-
-def bound(p: Pod, node: str = NODE) -> Pod:
-    out = copy.deepcopy(p)
-    out["spec"]["nodeName"] = node
-    return out
-
-
-def placed(p: Pod, index: str = "1", dev: str = "16", total: str = "2") -> Pod:
-    return annotate(p, {IDX: index, DEV: dev, POD: total, ASSUME_TIME: "1700000000000000000", ASSIGNED: "false"})
-
-
-def allocation(allocation_id: str = "alloc-1", node: str = NODE, gpu: int = 1, units: int = 2) -> str:
-    return Allocation(allocation_id, node, gpu, "GPU-0000", {"a": ContainerSlot(units, "slot-a")}).to_json()
-
-
-def allocated(p: Pod, record: str | None = None) -> Pod:
-    return annotate(p, {ASSIGNED: "true", ALLOCATION: record or allocation()})
 
 
 def resign(p: Pod, text: str) -> Pod:

@@ -39,15 +39,16 @@ def pod(*, limits: dict[str, str] | None = None, init_limits: dict[str, str] | N
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
 
 
-def request(operation: str, obj: dict[str, Any], old: dict[str, Any] | None) -> dict[str, Any]:
+def request(operation: str, obj: dict[str, Any], old: dict[str, Any] | None, *, user: str = "alice",
+            kind: str = "Pod") -> dict[str, Any]:
     """The variables kube-apiserver binds for a webhook matchCondition (authorizer aside)."""
     req = {
         "uid": "0b9c7a0e-1111-2222-3333-444455556666",
-        "kind": {"group": "", "version": "v1", "kind": "Pod"},
+        "kind": {"group": "", "version": "v1", "kind": kind},
         "resource": {"group": "", "version": "v1", "resource": "pods"},
         "namespace": "team-a",
         "operation": operation,
-        "userInfo": {"username": "alice", "groups": ["system:authenticated"]},
+        "userInfo": {"username": user, "groups": ["system:authenticated"]},
         "dryRun": False,
     }
     return {"object": obj, "oldObject": old, "request": req}
@@ -121,15 +122,6 @@ STATUS_CASES = [
 ]
 
 
-@pytest.mark.parametrize("condition", selected("reserved-annotations-change"), ids=lambda c: f"{c[0]}:{c[1]}")
-@pytest.mark.parametrize(("case", "variables", "expected"), STATUS_CASES, ids=[c[0] for c in STATUS_CASES])
-def test_status_updates_reach_the_webhook_only_when_reserved_annotations_change(
-    condition: tuple[str, str, str], case: str, variables: dict[str, Any], expected: bool
-) -> None:
-    kind, name, expression = condition
-    assert evaluate(kind, name, expression, variables, case) is expected, f"{kind} {name} for {case}"
-
-
 def hooks() -> list[tuple[str, dict[str, Any]]]:
     docs = yaml.safe_load_all((MANIFESTS / "base" / "admission.yaml").read_text())
     return [(doc["kind"], hook) for doc in docs for hook in doc["webhooks"]]
@@ -157,3 +149,53 @@ def test_every_path_that_changes_a_pod_is_covered() -> None:
         assert (kind, "UPDATE", "pods/ephemeralcontainers") in covered
     assert ("ValidatingWebhookConfiguration", "UPDATE", "pods") in covered
     assert ("ValidatingWebhookConfiguration", "UPDATE", "pods/status") in covered
+    assert ("ValidatingWebhookConfiguration", "UPDATE", "pods/*") in covered  # the plugin identity, any subresource
+    assert ("ValidatingWebhookConfiguration", "CREATE", "pods/binding") in covered
+    assert ("ValidatingWebhookConfiguration", "CREATE", "bindings") in covered  # the legacy path to the same
+
+
+PLUGIN = "system:serviceaccount:gpushare-system:gpushare-device-plugin"
+PLUGIN_CASES = [
+    ("the plugin's patch of a GPU-share pod", request("UPDATE", placed, placed, user=PLUGIN), True),
+    ("the plugin's patch of any pod", request("UPDATE", pod(), pod(), user=PLUGIN), True),
+    ("a user's patch", request("UPDATE", pod(), pod()), False),
+    ("the extender's patch", request("UPDATE", placed, placed,
+                                     user="system:serviceaccount:kube-system:gpushare-schd-extender"), False),
+    ("a kubelet status update", request("UPDATE", placed, placed, user="system:node:n1"), False),
+]
+
+
+def binding(annotations: dict[str, str] | None) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": "job-0", "namespace": "team-a"}
+    if annotations is not None:
+        meta["annotations"] = annotations
+    return {"apiVersion": "v1", "kind": "Binding", "metadata": meta, "target": {"kind": "Node", "name": "n1"}}
+
+
+BINDING_CASES = [
+    ("the scheduler's Binding", binding(None), False),
+    ("a Binding with unrelated annotations", binding({"team": "a"}), False),
+    ("a Binding with a placement", binding({"ALIYUN_COM_GPU_MEM_IDX": "0"}), True),
+    ("a Binding with an own key", binding({"gpushare.io/allocation": "{}"}), True),
+]
+
+
+# The entries sent only what they judge: status updates that touch a reserved annotation, the plugin identity's
+# updates, Bindings that carry a reserved annotation.
+SELECTIVE = [
+    *[("reserved-annotations-change", case, variables, expected) for case, variables, expected in STATUS_CASES],
+    *[("plugin-identity", case, variables, expected) for case, variables, expected in PLUGIN_CASES],
+    *[("binding-carries-reserved-annotations", case,
+       request("CREATE", obj, None, user="system:kube-scheduler", kind="Binding"), expected)
+      for case, obj, expected in BINDING_CASES],
+]
+
+
+@pytest.mark.parametrize(("name", "case", "variables", "expected"), SELECTIVE,
+                         ids=[f"{name}:{case}" for name, case, _, _ in SELECTIVE])
+def test_selective_entries_are_sent_only_what_they_judge(name: str, case: str, variables: dict[str, Any],
+                                                         expected: bool) -> None:
+    found = selected(name)
+    assert found, name
+    for kind, _, expression in found:
+        assert evaluate(kind, name, expression, variables, case) is expected, f"{kind} {name} for {case}"

@@ -12,7 +12,9 @@ import yaml
 from celpy import celtypes
 from celpy.adapter import json_to_cel
 
+from deviceplugin.apiserver import event_body
 from tests.manifests.render import MANIFESTS
+from tests.webhook.plugin_cases import BINDINGS, PLUGIN_WRITES, binding
 from tests.webhook.pods import EXTENDER, PLUGIN, USER, Pod, annotate, container, pod, stamped
 from tests.webhook.test_envrules import ATTACKS, HARMLESS, ephemeral
 from webhook.protocol import IDX, Contract
@@ -38,22 +40,34 @@ def run(expression: str, activation: Mapping[str, Any]) -> Any:
     return result
 
 
-def _rule_matches(spec: Obj, operation: str, subresource: str) -> bool:
-    resource = "pods" + (f"/{subresource}" if subresource else "")
-    return any(operation in rule["operations"] and resource in rule["resources"]
+def _rule_matches(spec: Obj, operation: str, resource: str) -> bool:
+    def names(rule: Obj, item: str) -> bool:
+        return item in rule["resources"] or ("/" in item and f"{item.partition('/')[0]}/*" in rule["resources"])
+
+    return any(operation in rule["operations"] and names(rule, resource)
                for rule in spec["matchConstraints"]["resourceRules"])
 
 
-def admit(name: str, operation: str, obj: Pod, old: Pod | None = None, *, user: str = USER,
-          subresource: str = "", node: str | None = None) -> list[str] | None:
-    """None when the policy does not apply; else the messages of the validations that fail ([] = allowed)."""
+def admit(name: str, operation: str, obj: Obj, old: Obj | None = None, *, user: str = USER,
+          subresource: str = "", node: str | None = None, resource: str = "pods") -> list[str] | None:
+    """None when the policy does not apply; else the messages of the validations that fail ([] = allowed).
+
+    The request is built as kube-apiserver builds it for CEL (k8s.io/apiserver pkg/admission/plugin/cel,
+    CreateAdmissionRequest): empty fields such as subResource and userInfo.extra are absent, not empty.
+    """
     spec = policy(name)["spec"]
-    if not _rule_matches(spec, operation, subresource):
+    if not _rule_matches(spec, operation, resource + (f"/{subresource}" if subresource else "")):
         return None
     user_info: dict[str, Any] = {"username": user, "groups": ["system:authenticated"]}
     if node is not None:
         user_info["extra"] = {"authentication.kubernetes.io/node-name": [node]}
-    request = {"operation": operation, "namespace": "ml", "subResource": subresource, "userInfo": user_info}
+    request: dict[str, Any] = {"operation": operation, "userInfo": user_info,
+                               "name": (obj.get("metadata") or {}).get("name", ""),
+                               "resource": {"group": "", "version": "v1", "resource": resource}}
+    if resource not in ("nodes",):
+        request["namespace"] = "ml"
+    if subresource:
+        request["subResource"] = subresource
     activation: dict[str, Any] = {"object": json_to_cel(obj), "oldObject": json_to_cel(old),
                                   "request": json_to_cel(request)}
     for condition in spec.get("matchConditions", []):
@@ -107,31 +121,7 @@ def bound(p: Pod, node: str = "n1") -> Pod:
     return out
 
 
-BOUND_GPU, BOUND = bound(GPU), bound(PLACED)
-ALLOCATED = annotate(BOUND, {"ALIYUN_COM_GPU_MEM_ASSIGNED": "true", "gpushare.io/allocation": "{}"})
-
-
-@pytest.mark.parametrize(
-    ("case", "new", "old", "node", "denied"),
-    [
-        ("plugin of the pod's node records the allocation", ALLOCATED, BOUND, "n1", None),
-        ("plugin of another node", ALLOCATED, BOUND, "n2", "of node n2 changed"),
-        ("plugin token that names no node", ALLOCATED, BOUND, None, "with a token that names no node"),
-        ("plugin moves the GPU", annotate(BOUND, {IDX: "1"}), BOUND, "n1", "changed ALIYUN_COM_GPU_MEM_IDX, but"),
-        ("plugin removes the placement", annotate(BOUND, {IDX: None}), BOUND, "n1", "changed ALIYUN_COM_GPU_MEM_IDX"),
-        ("plugin adds a missing placement (node-local)", annotate(BOUND_GPU, {IDX: "0"}), BOUND_GPU, "n1", None),
-        ("plugin edits the intent", annotate(BOUND, {INTENT: "{}"}), BOUND, "n1", "changed gpushare.io/intent"),
-        ("plugin on a pod not bound yet", annotate(PLACED, {"ALIYUN_COM_GPU_MEM_ASSIGNED": "true"}), PLACED, "n1",
-         "not bound to any node"),
-    ],
-)
-def test_the_plugin_identity_writes_only_its_job_on_its_node(case: str, new: Pod, old: Pod, node: str | None,
-                                                             denied: str | None) -> None:
-    messages = admit("gpushare-reserved-annotations", "UPDATE", copy.deepcopy(new), old, user=PLUGIN, node=node)
-    if denied is None:
-        assert not messages, f"{case}: {messages}"
-    else:
-        assert messages and denied in " ".join(messages), f"{case}: {messages}"
+BOUND = bound(PLACED)
 
 
 @pytest.mark.parametrize(
@@ -167,18 +157,194 @@ def test_reserved_annotations_policy(case: str, operation: str, new: Pod, old: P
         assert denied in " ".join(messages), case
 
 
+POLICIES = {"gpushare-container-env", "gpushare-reserved-annotations", "gpushare-device-plugin-pods",
+            "gpushare-device-plugin-node", "gpushare-device-plugin-events", "gpushare-binding-annotations"}
+
+
 def test_every_policy_has_a_binding_that_denies() -> None:
     docs = documents()
     policies = {d["metadata"]["name"] for d in docs if d["kind"] == "ValidatingAdmissionPolicy"}
     bindings = {d["spec"]["policyName"]: d["spec"]["validationActions"] for d in docs
                 if d["kind"] == "ValidatingAdmissionPolicyBinding"}
-    assert policies == set(bindings) == {"gpushare-container-env", "gpushare-reserved-annotations"}
+    assert policies == set(bindings) == POLICIES
     assert all(actions == ["Deny"] for actions in bindings.values())
+    for doc in docs:
+        if doc["kind"] == "ValidatingAdmissionPolicy":
+            assert doc["spec"]["failurePolicy"] == "Fail", doc["metadata"]["name"]
 
 
 def test_trusted_identities_equal_the_configured_ones() -> None:
     config = yaml.safe_load((MANIFESTS / "base" / "config.yaml").read_text())["data"]
-    trusted = {config["GPUSHARE_EXTENDER_IDENTITIES"], config["GPUSHARE_PLUGIN_IDENTITIES"]}
+    extender, plugin = config["GPUSHARE_EXTENDER_IDENTITIES"], config["GPUSHARE_PLUGIN_IDENTITIES"]
     expression = next(v["expression"] for v in policy("gpushare-reserved-annotations")["spec"]["variables"]
                       if v["name"] == "trusted")
-    assert all(f"'{identity}'" in expression for identity in trusted)
+    assert f"'{extender}'" in expression and f"'{plugin}'" in expression
+    for name in ("gpushare-device-plugin-pods", "gpushare-device-plugin-node", "gpushare-device-plugin-events"):
+        [condition] = policy(name)["spec"]["matchConditions"]
+        assert condition["expression"] == f"request.userInfo.username in ['{plugin}']", name
+    extender_variable = next(v["expression"] for v in policy("gpushare-binding-annotations")["spec"]["variables"]
+                             if v["name"] == "extender")
+    assert extender_variable == f"request.userInfo.username in ['{extender}']"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The device plugin's identity: the same table as the webhook's (tests/webhook/plugin_cases.py).
+
+
+@pytest.mark.parametrize(("case", "old", "new", "node", "subresource", "_webhook", "denied"), PLUGIN_WRITES,
+                         ids=[c[0] for c in PLUGIN_WRITES])
+def test_the_plugin_identity_changes_only_its_own_annotations_on_its_own_node(
+    case: str, old: Pod, new: Pod, node: str | None, subresource: str, _webhook: str | None, denied: str | None
+) -> None:
+    messages = admit("gpushare-device-plugin-pods", "UPDATE", copy.deepcopy(new), old, user=PLUGIN, node=node,
+                     subresource=subresource)
+    assert messages is not None, case
+    if denied is None:
+        assert messages == [], f"{case}: {messages}"
+    else:
+        assert messages, case
+        assert all(m.startswith("gpushare denied pod ml/") for m in messages), messages
+        assert denied in " ".join(messages), f"{case}: {messages}"
+
+
+def test_the_plugin_policy_message_names_the_change_and_the_rule() -> None:
+    case = next(c for c in PLUGIN_WRITES if c[0] == "image of another node's pod")
+    assert admit("gpushare-device-plugin-pods", "UPDATE", case[2], case[1], user=PLUGIN, node=case[3]) == [
+        "gpushare denied pod ml/coredns-0. The gpushare device plugin of node gpu-node-1 changed spec of a pod bound "
+        "to node gpu-node-2; a plugin may write only to pods bound to its own node, with a ServiceAccount token "
+        "bound to its pod (Kubernetes 1.30 or newer).",
+        "gpushare denied pod ml/coredns-0. The gpushare device plugin changed spec, but the plugin identity may "
+        "change only its own annotations (ALIYUN_COM_GPU_MEM_ASSIGNED, gpushare.io/allocation, and the placement "
+        "keys where the pod has none); leave spec as it was.",
+    ]
+
+
+@pytest.mark.parametrize("user", [USER, EXTENDER, "system:node:gpu-node-1"])
+def test_other_identities_do_not_reach_the_plugin_policies(user: str) -> None:
+    case = next(c for c in PLUGIN_WRITES if c[0] == "image of another node's pod")
+    assert admit("gpushare-device-plugin-pods", "UPDATE", case[2], case[1], user=user, node="gpu-node-1") is None
+    assert admit("gpushare-device-plugin-node", "UPDATE", NODE_OBJ, NODE_OBJ, user=user, resource="nodes",
+                 subresource="status", node="gpu-node-1") is None
+    assert admit("gpushare-device-plugin-events", "CREATE", EVENT, user=user, resource="events") is None
+
+
+def gpu_node(name: str = "gpu-node-1", *, count: str = "2", labels: dict[str, str] | None = None) -> Obj:
+    resources = {"cpu": "8", "aliyun.com/gpu-mem": "32", "aliyun.com/gpu-count": count}
+    return {
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": name, "labels": labels or {"kubernetes.io/hostname": name, "gpushare": "true"}},
+        "spec": {"podCIDR": "10.0.0.0/24"},
+        "status": {
+            "capacity": dict(resources), "allocatable": dict(resources),
+            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}],
+            "addresses": [{"type": "InternalIP", "address": "10.0.0.5"}],
+            "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
+            "nodeInfo": {"kubeletVersion": "v1.34.4", "machineID": "m"},
+        },
+    }
+
+
+def status_edit(node: Obj, path: str, value: Any) -> Obj:
+    out = copy.deepcopy(node)
+    *parents, last = path.split(".")
+    here = out
+    for part in parents:
+        here = here[part]
+    here[last] = value
+    return out
+
+
+NODE_OBJ = gpu_node(count="0")
+COUNTED = status_edit(NODE_OBJ, "status.capacity", {**NODE_OBJ["status"]["capacity"], "aliyun.com/gpu-count": "2"})
+ELSEWHERE = gpu_node("gpu-node-2", count="0")
+
+
+@pytest.mark.parametrize(
+    ("case", "old", "new", "node", "subresource", "denied"),
+    [
+        ("its own node's GPU count", NODE_OBJ, COUNTED, "gpu-node-1", "status", None),
+        ("its own node's allocatable GPU count", NODE_OBJ, status_edit(NODE_OBJ, "status.allocatable", {
+            **NODE_OBJ["status"]["allocatable"], "aliyun.com/gpu-count": "2"}), "gpu-node-1", "status", None),
+        ("another node's GPU count", ELSEWHERE, status_edit(ELSEWHERE, "status.capacity", {
+            **ELSEWHERE["status"]["capacity"], "aliyun.com/gpu-count": "2"}), "gpu-node-1", "status",
+         "The gpushare device plugin of node gpu-node-1 updated the status of node gpu-node-2; a plugin may update "
+         "only the status of its own node"),
+        ("a token that names no node", NODE_OBJ, COUNTED, None, "status", "with a token that names no node"),
+        ("a label through the status", NODE_OBJ, status_edit(NODE_OBJ, "metadata.labels", {
+            "node-role.kubernetes.io/control-plane": ""}), "gpu-node-1", "status", "changed metadata.labels"),
+        ("an annotation through the status", NODE_OBJ, status_edit(NODE_OBJ, "metadata.annotations", {"a": "b"}),
+         "gpu-node-1", "status", "changed metadata.annotations"),
+        ("its GPU memory", NODE_OBJ, status_edit(NODE_OBJ, "status.capacity", {
+            **NODE_OBJ["status"]["capacity"], "aliyun.com/gpu-mem": "64"}), "gpu-node-1", "status",
+         "changed resource aliyun.com/gpu-mem"),
+        ("a capacity removed", NODE_OBJ, status_edit(NODE_OBJ, "status.capacity", {"aliyun.com/gpu-count": "0"}),
+         "gpu-node-1", "status", "changed resource cpu"),
+        ("its addresses", NODE_OBJ, status_edit(NODE_OBJ, "status.addresses", [
+            {"type": "InternalIP", "address": "10.9.9.9"}]), "gpu-node-1", "status", "changed status.addresses"),
+        ("its conditions", NODE_OBJ, status_edit(NODE_OBJ, "status.conditions", []), "gpu-node-1", "status",
+         "changed status.conditions"),
+        ("the kubelet port", NODE_OBJ, status_edit(NODE_OBJ, "status.daemonEndpoints", {
+            "kubeletEndpoint": {"Port": 1}}), "gpu-node-1", "status", "changed status.daemonEndpoints"),
+        ("the node itself, not its status", NODE_OBJ, status_edit(NODE_OBJ, "spec.unschedulable", True),
+         "gpu-node-1", "", "updated node gpu-node-1"),
+    ],
+)
+def test_the_plugin_identity_changes_only_its_own_nodes_gpu_count(
+    case: str, old: Obj, new: Obj, node: str | None, subresource: str, denied: str | None
+) -> None:
+    messages = admit("gpushare-device-plugin-node", "UPDATE", new, old, user=PLUGIN, node=node, resource="nodes",
+                     subresource=subresource)
+    assert messages is not None, case
+    if denied is None:
+        assert messages == [], f"{case}: {messages}"
+    else:
+        assert messages and all(m.startswith(f"gpushare denied node {new['metadata']['name']}. ") for m in messages)
+        assert denied in " ".join(messages), f"{case}: {messages}"
+
+
+EVENT = event_body(bound(GPU, "gpu-node-1"), "Normal", "GpuShareAllocated", "allocated", "gpu-node-1")
+
+
+@pytest.mark.parametrize(
+    ("case", "operation", "event", "node", "denied"),
+    [
+        ("its Event about a pod", "CREATE", EVENT, "gpu-node-1", None),
+        ("an Event from another node", "CREATE", EVENT, "gpu-node-2", "The gpushare device plugin of node gpu-node-2"),
+        ("an Event as the kubelet", "CREATE", {**EVENT, "source": {"component": "kubelet", "host": "gpu-node-1"},
+                                               "reportingComponent": "kubelet"}, "gpu-node-1", "may only create"),
+        ("an Event about a Secret", "CREATE", {**EVENT, "involvedObject": {"kind": "Secret", "name": "s"}},
+         "gpu-node-1", "may only create Events about pods"),
+        ("a token that names no node", "CREATE", EVENT, None, "with a token that names no node"),
+        ("an Event rewritten", "UPDATE", EVENT, "gpu-node-1", "may only create Events"),
+    ],
+)
+def test_the_plugin_identity_posts_only_its_own_events(case: str, operation: str, event: Obj, node: str | None,
+                                                        denied: str | None) -> None:
+    messages = admit("gpushare-device-plugin-events", operation, event, event if operation == "UPDATE" else None,
+                     user=PLUGIN, node=node, resource="events")
+    assert messages is not None, case
+    if denied is None:
+        assert messages == [], f"{case}: {messages}"
+    else:
+        assert messages and messages[0].startswith("gpushare denied an Event in namespace ml. "), messages
+        assert denied in messages[0], f"{case}: {messages}"
+
+
+@pytest.mark.parametrize("resource", ["pods/binding", "bindings"])
+@pytest.mark.parametrize(("case", "binding", "user", "denied"), BINDINGS, ids=[b[0] for b in BINDINGS])
+def test_a_binding_carries_reserved_annotations_only_from_the_extender(
+    case: str, binding: Obj, user: str, denied: str | None, resource: str
+) -> None:
+    plural, _, sub = resource.partition("/")
+    messages = admit("gpushare-binding-annotations", "CREATE", binding, user=user, resource=plural, subresource=sub)
+    if denied is None:
+        assert not messages, f"{case}: {messages}"  # None: the Binding carries no reserved key, nothing is evaluated
+    else:
+        assert messages and messages[0].startswith("gpushare denied pod ml/job-0. The Binding "), messages
+        assert denied in messages[0], f"{case}: {messages}"
+
+
+def test_normal_scheduling_is_never_evaluated() -> None:
+    for user in (EXTENDER, "system:kube-scheduler"):
+        assert admit("gpushare-binding-annotations", "CREATE", binding(), user=user, resource="pods",
+                     subresource="binding") is None

@@ -35,7 +35,11 @@ WEBHOOKS = [
      [(["CREATE", "UPDATE"], "pods"), (["UPDATE"], "pods/ephemeralcontainers")]),
     (VALIDATING, "validate-status.gpushare.io", "/validate", "Fail", [(["UPDATE"], "pods/status")]),
     (VALIDATING, "validate-ordinary.gpushare.io", "/validate", "Ignore", CREATE_AND_EPHEMERAL),
+    (VALIDATING, "validate-plugin.gpushare.io", "/validate", "Fail", [(["UPDATE"], ["pods", "pods/*"])]),
+    (VALIDATING, "validate-binding.gpushare.io", "/validate", "Fail", [(["CREATE"], ["pods/binding", "bindings"])]),
 ]
+# Selected by who writes (the plugin identity) or by what (a Binding with a reserved annotation), in every namespace.
+EVERY_NAMESPACE = ("validate-plugin.gpushare.io", "validate-binding.gpushare.io")
 
 
 def the_webhook(objs: list[Obj], kind: str, name: str) -> Obj:
@@ -82,7 +86,7 @@ def test_every_namespaced_object_is_in_the_webhook_namespace(overlay: str) -> No
 @pytest.mark.parametrize("overlay", OVERLAYS)
 @pytest.mark.parametrize(("kind", "name", "path", "policy", "rules"), WEBHOOKS)
 def test_webhook_configuration(
-    overlay: str, kind: str, name: str, path: str, policy: str, rules: list[tuple[list[str], str]]
+    overlay: str, kind: str, name: str, path: str, policy: str, rules: list[tuple[list[str], str | list[str]]]
 ) -> None:
     objs = render(overlay)
     assert [h["name"] for h in find(objs, kind, "gpushare-webhook")["webhooks"]] == [
@@ -95,8 +99,8 @@ def test_webhook_configuration(
         assert hook["timeoutSeconds"] <= 2
     assert hook["admissionReviewVersions"] == ["v1"]
     assert hook["rules"] == [
-        {"apiGroups": [""], "apiVersions": ["v1"], "operations": operations, "resources": [resource],
-         "scope": "Namespaced"}
+        {"apiGroups": [""], "apiVersions": ["v1"], "operations": operations,
+         "resources": resource if isinstance(resource, list) else [resource], "scope": "Namespaced"}
         for operations, resource in rules
     ]
     ref = hook["clientConfig"]["service"]
@@ -107,9 +111,12 @@ def test_webhook_configuration(
     assert container_port(container(spec, "webhook"), target) == 8443
     # Ordinary pods in kube-system are not neutralised: GPU agents there select GPUs by env on purpose.
     excluded = [NAMESPACE, "kube-system"] if policy == "Ignore" else [NAMESPACE]
-    assert hook["namespaceSelector"] == {
-        "matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": excluded}]
-    }
+    if name in EVERY_NAMESPACE:
+        assert "namespaceSelector" not in hook
+    else:
+        assert hook["namespaceSelector"] == {
+            "matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": excluded}]
+        }
     assert "objectSelector" not in hook
     conditions = hook["matchConditions"]
     assert conditions and all(c["name"] and c["expression"].strip() for c in conditions)
@@ -360,12 +367,15 @@ def test_match_conditions_use_the_configured_resource_and_prefix(overlay: str) -
     config = find(objs, "ConfigMap", "gpushare-config")["data"]
     for kind, name, _, _, _ in WEBHOOKS:
         expression = the_webhook(objs, kind, name)["matchConditions"][0]["expression"]
-        if name != "validate-status.gpushare.io":  # that one looks at annotations only
+        if name == "validate-plugin.gpushare.io":  # selected by who writes
+            assert expression == f"request.userInfo.username in ['{config['GPUSHARE_PLUGIN_IDENTITIES']}']"
+            continue
+        if name not in ("validate-status.gpushare.io", "validate-binding.gpushare.io"):  # annotations only
             assert f"'{config['GPUSHARE_RESOURCE_NAME']}'" in expression
         assert f"'{config['GPUSHARE_ANNOTATION_PREFIX']}'" in expression
         assert "'ALIYUN_COM_GPU_MEM_'" in expression
     policies = [o for o in objs if o["kind"] == "ValidatingAdmissionPolicy"]
-    assert len(policies) == 2
+    assert len(policies) == 6
     text = repr(policies)
     for value in (config["GPUSHARE_RESOURCE_NAME"], config["GPUSHARE_ANNOTATION_PREFIX"],
                   config["GPUSHARE_OTHER_GPU_RESOURCES"]):

@@ -37,6 +37,19 @@ def service_account(namespace: str, name: str) -> User:
     )
 
 
+def pod_token(account: User, pod: str, node: str) -> User:
+    """`account` as its pod's projected token authenticates it (Kubernetes >= 1.30): the token is bound to the pod
+    and names the pod's node (k8s.io/apiserver pkg/authentication/serviceaccount, ServiceAccountInfo.UserInfo)."""
+    extra = {
+        "authentication.kubernetes.io/credential-id": [f"JTI={secrets.token_hex(8)}"],
+        "authentication.kubernetes.io/node-name": [node],
+        "authentication.kubernetes.io/node-uid": [f"node-{node}"],
+        "authentication.kubernetes.io/pod-name": [pod],
+        "authentication.kubernetes.io/pod-uid": [f"pod-{pod}"],
+    }
+    return User(account.username, account.groups, account.uid, extra)
+
+
 def user(name: str, *groups: str) -> User:
     """An ordinary user in the given groups plus system:authenticated."""
     return User(name, (*groups, "system:authenticated"))

@@ -20,7 +20,7 @@ from typing import Literal, Protocol
 
 from deviceplugin.inventory import fake_gpus
 from tests.sim.apiserver import ApiServer
-from tests.sim.auth import service_account, user
+from tests.sim.auth import pod_token, service_account, user
 from tests.sim.baseline import BaselinePlugin
 from tests.sim.client import SimClient
 from tests.sim.configs import load_yaml_documents
@@ -121,7 +121,6 @@ class Cluster:
             self.api.add_service("gpushare-system", "gpushare-webhook", 443, self.webhook.url)
             docs = load_yaml_documents(ADMISSION_MANIFEST.read_text())
             self.api.load_webhook_configurations(docs, ca_pem=self.webhook.ca_pem)
-        plugin_token = self.api.add_user(PLUGIN_SA)
         nodes = []
         for i in range(spec.nodes):
             name = f"node-{i}"
@@ -143,6 +142,8 @@ class Cluster:
             kubelet = Kubelet(config, node_client)
             kubelet.start()
             self.kubelets.append(kubelet)
+            # Each node's plugin authenticates with its own pod's token, which names the node, as on a real cluster.
+            plugin_token = self.api.add_user(pod_token(PLUGIN_SA, f"gpushare-device-plugin-{name}", name))
             self.plugins.append(self._plugin(kubelet, plugin_token))
             if not kubelet.wait_registered(15):
                 raise RuntimeError(f"the {spec.plugin} device plugin on {name} did not register with the kubelet")

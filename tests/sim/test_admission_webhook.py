@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from tests.sim.apiserver import ApiServer
-from tests.sim.auth import service_account, user
+from tests.sim.auth import pod_token, service_account, user
 from tests.sim.client import SimClient
 from tests.sim.configs import project_webhook_objects
 from tests.sim.status import ApiError
@@ -131,3 +131,64 @@ def test_webhook_down_refuses_gpu_pods_but_not_ordinary_ones(hook: RunningWebhoo
                                                '.svc:443/mutate?timeout=')
         assert "connection refused" in caught.value.message
         assert client.get_pod("default", "gpu") is None
+
+
+PLUGIN = service_account("gpushare-system", "gpushare-device-plugin")
+
+
+def plugin_of(api: ApiServer, node: str) -> SimClient:
+    """The device plugin of `node`, with its pod's token (which names the node, as since Kubernetes 1.30)."""
+    return api.client(api.add_user(pod_token(PLUGIN, f"gpushare-device-plugin-{node}", node)))
+
+
+def bound_pod(api: ApiServer, namespace: str, pod: Obj, node: str) -> None:
+    admin = api.client()
+    admin.create_pod(namespace, pod)
+    admin.bind(namespace, pod["metadata"]["name"], node)
+
+
+def test_a_plugin_cannot_change_the_image_of_any_pod(api: ApiServer) -> None:
+    bound_pod(api, "kube-system", plain_pod("coredns-0"), "node-1")
+    patch = {"spec": {"containers": [{"name": "main", "image": "evil"}]}}
+    for node, fragment in (
+        ("node-0", "The gpushare device plugin of node node-0 changed spec.containers[0].image of a pod bound to "
+                   "node node-1; a plugin may write only to pods bound to its own node"),
+        ("node-1", "The gpushare device plugin changed spec.containers[0].image, but the plugin identity may change "
+                   "only its own annotations"),
+    ):
+        with pytest.raises(ApiError) as caught:
+            plugin_of(api, node).patch_pod("kube-system", "coredns-0", patch, strategic=True)
+        assert caught.value.message.startswith('admission webhook "validate-plugin.gpushare.io" denied the request: '
+                                               "gpushare denied pod kube-system/coredns-0. "), caught.value.message
+        assert fragment in caught.value.message
+    assert api.client().get("pods", "coredns-0", "kube-system")["spec"]["containers"][0]["image"] == "busybox"
+
+
+def test_a_plugin_marks_only_its_own_nodes_pods_allocated(api: ApiServer, alice: SimClient) -> None:
+    alice.create_pod("default", gpu_pod())
+    extender = api.client(api.add_user(EXTENDER))
+    extender.patch_pod("default", "gpu", {"metadata": {"annotations": placement()}})
+    extender.bind("default", "gpu", "node-1")
+    allocated = {"metadata": {"annotations": {"ALIYUN_COM_GPU_MEM_ASSIGNED": "true"}}}
+    with pytest.raises(ApiError) as caught:
+        plugin_of(api, "node-0").patch_pod("default", "gpu", allocated)
+    assert "The gpushare device plugin of node node-0 changed ALIYUN_COM_GPU_MEM_ASSIGNED of a pod bound to node " \
+           "node-1" in caught.value.message
+    with pytest.raises(ApiError) as caught:
+        plugin_of(api, "node-1").patch_pod_status("default", "gpu", allocated)
+    assert "updated pods/status, which it never needs" in caught.value.message
+    done = plugin_of(api, "node-1").patch_pod("default", "gpu", allocated)
+    assert done["metadata"]["annotations"]["ALIYUN_COM_GPU_MEM_ASSIGNED"] == "true"
+
+
+def test_a_binding_with_reserved_annotations_comes_only_from_the_extender(api: ApiServer, alice: SimClient) -> None:
+    alice.create_pod("default", gpu_pod())
+    for who in (api.client(), alice, plugin_of(api, "node-1")):
+        with pytest.raises(ApiError) as caught:
+            who.bind("default", "gpu", "node-1", {"ALIYUN_COM_GPU_MEM_IDX": "0"})
+        assert caught.value.message.startswith(
+            'admission webhook "validate-binding.gpushare.io" denied the request: gpushare denied pod default/gpu. '
+            "The Binding carries annotation ALIYUN_COM_GPU_MEM_IDX, which the API server would copy onto the pod")
+    assert "nodeName" not in alice.get("pods", "gpu", "default")["spec"]
+    api.client(api.add_user(EXTENDER)).bind("default", "gpu", "node-1", placement())
+    assert alice.get("pods", "gpu", "default")["metadata"]["annotations"]["ALIYUN_COM_GPU_MEM_IDX"] == "1"

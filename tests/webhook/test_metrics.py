@@ -19,7 +19,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.webhook_server import HOST, RunningWebhook, webhook_server
-from tests.webhook.pods import EXTENDER, KEY, PLUGIN, USER, Pod, annotate, container, pod, review, stamped
+from tests.webhook.pods import EXTENDER, KEY, PLUGIN, USER, Pod, annotate, container, placed, pod, review, stamped
 from tests.webhook.test_validate import (
     ALLOCATED_POD,
     ASSIGNED_POD,
@@ -27,7 +27,6 @@ from tests.webhook.test_validate import (
     GPU,
     POLICY,
     UPDATE_DENIALS,
-    placed,
     with_env,
 )
 from webhook import signing

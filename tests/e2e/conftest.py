@@ -43,7 +43,7 @@ def delivery(request: pytest.FixtureRequest, cluster: Cluster) -> str:
     return mode
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def needs_extender(cluster: Cluster) -> None:
     """GPU-share pods are placed by the reference scheduler extender, built from its sources; without them the
     scheduler cannot place such pods, and a test that needs it is skipped with the line that names what is missing."""

@@ -28,7 +28,7 @@ pytestmark = pytest.mark.usefixtures("needs_extender")
 
 
 @pytest.fixture(scope="module")
-def stacks(cluster: Cluster) -> Iterator[Stacks]:
+def stacks(cluster: Cluster, needs_extender: None) -> Iterator[Stacks]:
     """The reference stack for this module; the tier is left in our stack and the delivery mode it was in."""
     before = cluster.delivery
     swap = Stacks(cluster)

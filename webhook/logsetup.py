@@ -1,4 +1,8 @@
-"""Logging for every gpushare process: one text format, or one JSON object per line (GPUSHARE_LOG_FORMAT=json)."""
+"""Logging for every gpushare process: one text format, or one JSON object per line (GPUSHARE_LOG_FORMAT=json).
+
+Logged values come from outside (a review's uid, a pod's name, an error's text), so neither format writes a control
+character raw: a value cannot end its record's line and forge the next one, nor drive the terminal that shows it.
+"""
 
 from __future__ import annotations
 
@@ -8,10 +12,14 @@ import logging
 import sys
 from typing import Any, TextIO
 
+from webhook.escape import json_printable, printable
+
 LOG_FORMATS = ("text", "json")
 TEXT_FORMAT = "%(asctime)s %(levelname)s [%(process)d] %(name)s: %(message)s"
 # The attribute of a LogRecord whose dict a JSON line carries as top-level keys (the access log's request).
 FIELDS = "fields"
+# Lines of a traceback or a stack follow their record's line with this indent, so only a record starts at column 0.
+CONTINUATION = "    "
 # Libraries whose own retry chatter would repeat, in long lines, what our one line per retry already says:
 # urllib3 warns "Retrying (Retry(total=...)) after connection broken by ..." before each of its retries.
 QUIET = ("urllib3.connectionpool", "urllib3.util.retry")
@@ -23,13 +31,25 @@ def _utc(record: logging.LogRecord) -> str:
 
 
 class TextFormatter(logging.Formatter):
-    """`2026-01-02T03:04:05.678Z INFO [pid] logger: message`, the same for the app and gunicorn."""
+    """`2026-01-02T03:04:05.678Z INFO [pid] logger: message`, the same for the app and gunicorn: one line per record,
+    its non-printable characters escaped (a newline as \\n, ESC as \\x1b); a traceback follows on indented lines."""
 
     def __init__(self) -> None:
         super().__init__(TEXT_FORMAT)
 
     def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
         return _utc(record)
+
+    def format(self, record: logging.LogRecord) -> str:
+        record.message = record.getMessage()
+        record.asctime = self.formatTime(record)
+        lines = [printable(self.formatMessage(record))]
+        if record.exc_info and not record.exc_text:
+            record.exc_text = self.formatException(record.exc_info)
+        for text in (record.exc_text, record.stack_info and self.formatStack(record.stack_info)):
+            if text:
+                lines += (CONTINUATION + printable(line) for line in text.split("\n"))
+        return "\n".join(lines)
 
 
 class JsonFormatter(logging.Formatter):
@@ -47,7 +67,7 @@ class JsonFormatter(logging.Formatter):
             out["exception"] = self.formatException(record.exc_info)
         if record.stack_info:
             out["stack"] = self.formatStack(record.stack_info)
-        return json.dumps(out, default=str, ensure_ascii=False)
+        return json_printable(json.dumps(out, default=str, ensure_ascii=False))
 
 
 def formatter(log_format: str) -> logging.Formatter:

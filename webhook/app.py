@@ -18,9 +18,10 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from flask import Flask, Response, request
 from werkzeug.exceptions import RequestEntityTooLarge
 
-from webhook import signing
+from webhook import logsetup, signing
 from webhook.metrics import WebhookMetrics
-from webhook.mutate import mutate, mutate_update
+from webhook.mutate import NoSigningKey, Patch, mutate, mutate_update
+from webhook.protocol import read_annotations
 from webhook.review import (
     VALIDATED_KINDS,
     MalformedReview,
@@ -36,7 +37,6 @@ from webhook.validate import Verdict, validate, validate_binding
 
 log = logging.getLogger(__name__)
 
-_LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
 # Warn this long before the serving certificate lapses: cert-manager renews at two thirds of the lifetime (months
 # ahead for the one-year default), so a warning inside this window means renewal is not happening.
 EXPIRY_WARNING = datetime.timedelta(days=30)
@@ -44,6 +44,12 @@ EXPIRY_WARNING = datetime.timedelta(days=30)
 
 def _new_uuid() -> str:
     return str(uuid.uuid4())
+
+
+# What validate() is given while the signing key cannot be read: a public key whose private half nobody holds, so it
+# verifies no signature. Only a pod CREATE that carries an intent or a signature has one verified, and those are
+# refused first with the key's problem (_judge), so it stands in for the key of ordinary pods and updates only.
+_NO_KEY = Ed25519PrivateKey.generate().public_key()
 
 
 class SigningKey:
@@ -67,6 +73,13 @@ class SigningKey:
                 self._key = signing.load_private_key(pem, self._path)
             return self._key
 
+    def get_or_problem(self) -> tuple[Ed25519PrivateKey | None, str]:
+        """(the key, '') or (None, why it cannot be read, with the fix)."""
+        try:
+            return self.get(), ""
+        except signing.SigningKeyError as exc:
+            return None, str(exc)
+
 
 def _describe(req: Request) -> str:
     meta = req["object"].get("metadata") or {}
@@ -79,13 +92,40 @@ def _sub(req: Request) -> str:
     return f" pods/{sub}" if sub else ""
 
 
+def _mutation(req: Request, settings: Settings, key: SigningKey, new_id: Callable[[], str]) -> Patch:
+    """The patch; SigningKeyError when a GPU-share pod is to be stamped and the key cannot be read. Every other pod
+    reaches a fail-open entry and needs no signature, so it is mutated as ever (readiness reports the key)."""
+    if req["operation"] == "UPDATE" and req["oldObject"] is not None:  # pods/ephemeralcontainers
+        return mutate_update(req["oldObject"], req["object"], settings.contract)
+    signer, problem = key.get_or_problem()
+    try:
+        return mutate(req["object"], req["namespace"], settings.contract, signer, new_id,
+                      other_gpu=settings.other_gpu_resources)
+    except NoSigningKey as exc:
+        raise signing.SigningKeyError(problem) from exc
+
+
 def _judge(req: Request, settings: Settings, key: SigningKey) -> Verdict:
+    """The verdict; SigningKeyError when the pod's intent signature must be checked and the key cannot be read. No
+    other review needs the key: a pod without an intent or a signature, an update, a Binding."""
     if req["kind"]["kind"] == "Binding":
         return validate_binding(req["object"], username(req), req["namespace"], settings)
+    signer, problem = key.get_or_problem()
+    if signer is None and req["operation"] == "CREATE":
+        annotations = read_annotations(req["object"])
+        if settings.contract.intent_key in annotations or settings.contract.signature_key in annotations:
+            raise signing.SigningKeyError(problem)
     return validate(
         req["operation"], req["oldObject"], req["object"], username(req), req["namespace"], settings,
-        key.get().public_key(), token_node=token_node(req), subresource=req.get("subResource", ""),
+        _NO_KEY if signer is None else signer.public_key(), token_node=token_node(req),
+        subresource=req.get("subResource", ""),
     )
+
+
+def _no_key(what: str, req: Request, problem: Exception, settings: Settings) -> str:
+    return (f"The gpushare webhook cannot {what} {_describe(req)}: {problem}. Pods that do not ask for "
+            f"{settings.contract.resource} are admitted meanwhile; create this one again once the gpushare-webhook "
+            "pods in gpushare-system are ready.")
 
 
 def _utc_now() -> datetime.datetime:
@@ -179,6 +219,11 @@ def create_app(
     def count(endpoint: str, started: float, operation: str, outcome: str, reasons: tuple[str, ...] = ()) -> None:
         counted.review(endpoint, operation, outcome, time.perf_counter() - started, reasons)
 
+    def failed(req: Request, endpoint: str, started: float, message: str, *, trace: bool) -> Response:
+        log.error("%s %s uid=%s failed: %s", endpoint, _describe(req), req["uid"], message, exc_info=trace)
+        count(endpoint, started, req["operation"], "error")
+        return answer(respond(req["uid"], allowed=False, code=500, message=message))
+
     @app.post("/mutate")
     def mutate_view() -> Any:
         started = time.perf_counter()
@@ -188,18 +233,14 @@ def create_app(
             count("mutate", started, "unknown", "malformed")
             return malformed(exc)
         try:
-            if req["operation"] == "UPDATE" and req["oldObject"] is not None:  # pods/ephemeralcontainers
-                patch = mutate_update(req["oldObject"], req["object"], settings.contract)
-            else:
-                patch = mutate(req["object"], req["namespace"], settings.contract, key.get(), new_id,
-                               other_gpu=settings.other_gpu_resources)
+            patch = _mutation(req, settings, key, new_id)
+        except signing.SigningKeyError as exc:
+            return failed(req, "mutate", started, _no_key("stamp GPU-share pod", req, exc, settings), trace=False)
         except Exception as exc:
-            log.exception("mutate %s uid=%s failed", _describe(req), req["uid"])
-            count("mutate", started, req["operation"], "error")
-            return answer(respond(req["uid"], allowed=False, code=500, message=(
+            return failed(req, "mutate", started, (
                 f"The gpushare webhook could not stamp pod {_describe(req)} because of an internal error ({exc}); "
                 "check the gpushare-webhook logs in gpushare-system and create the pod again."
-            )))
+            ), trace=True)
         log.info("mutate %s uid=%s %s%s ops=%s dryRun=%s", _describe(req), req["uid"], req["operation"],
                  _sub(req), len(patch), req["dryRun"])
         count("mutate", started, req["operation"], "allowed")
@@ -215,13 +256,14 @@ def create_app(
             return malformed(exc)
         try:
             verdict = _judge(req, settings, key)
+        except signing.SigningKeyError as exc:
+            return failed(req, "validate", started, _no_key("check the intent signature of pod", req, exc, settings),
+                          trace=False)
         except Exception as exc:
-            log.exception("validate %s uid=%s failed", _describe(req), req["uid"])
-            count("validate", started, req["operation"], "error")
-            return answer(respond(req["uid"], allowed=False, code=500, message=(
+            return failed(req, "validate", started, (
                 f"The gpushare webhook could not check pod {_describe(req)} because of an internal error ({exc}); "
                 "check the gpushare-webhook logs in gpushare-system and retry."
-            )))
+            ), trace=True)
         if verdict.allowed:
             log.debug("validate %s uid=%s %s%s allowed", _describe(req), req["uid"], req["operation"], _sub(req))
         else:
@@ -244,6 +286,7 @@ def create_app(
 def create_app_from_env() -> Flask:
     """The app gunicorn serves (gunicorn.conf.py: wsgi_app), configured from GPUSHARE_* variables."""
     settings = from_environ()
-    logging.basicConfig(level=settings.log_level, format=_LOG_FORMAT)
+    if not logging.getLogger().handlers:  # gunicorn.conf.py has configured logging already; another server has not
+        logsetup.configure(settings.log_level, settings.log_format)
     logging.getLogger().setLevel(settings.log_level)
     return create_app(settings)

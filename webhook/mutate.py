@@ -38,6 +38,11 @@ log = logging.getLogger(__name__)
 Patch = list[dict[str, Any]]
 
 
+class NoSigningKey(Exception):
+    """A GPU-share pod needs the signing key (to stamp its intent, or to recognise an earlier stamp) and the webhook
+    has none it can read; no other pod needs it."""
+
+
 def _stamped_intent(
     annotations: Mapping[str, str], pod: Mapping[str, Any], namespace: str, contract: Contract,
     signer: Ed25519PrivateKey,
@@ -125,12 +130,14 @@ def _container_ops(pod: Mapping[str, Any], contract: Contract, intent: Intent | 
 
 
 def _intent_ops(
-    pod: Mapping[str, Any], namespace: str, contract: Contract, signer: Ed25519PrivateKey, new_id: Callable[[], str],
-    *, demand: Demand | None,
+    pod: Mapping[str, Any], namespace: str, contract: Contract, signer: Ed25519PrivateKey | None,
+    new_id: Callable[[], str], *, demand: Demand | None,
 ) -> tuple[Intent | None, Patch]:
     """The pod's intent (kept or fresh) and the ops that stamp it; (None, []) for a pod that is not GPU-share."""
     if demand is None or not demand.wants_gpu:
         return None, []
+    if signer is None:
+        raise NoSigningKey(pod_ref(pod))
     annotations = read_annotations(pod)
     previous, keep = _stamped_intent(annotations, pod, namespace, contract, signer)
     if previous is None and (contract.intent_key in annotations or contract.signature_key in annotations):
@@ -147,12 +154,14 @@ def _intent_ops(
 
 
 def mutate(
-    pod: Mapping[str, Any], namespace: str, contract: Contract, signer: Ed25519PrivateKey, new_id: Callable[[], str],
-    *, other_gpu: Sequence[str] = (),
+    pod: Mapping[str, Any], namespace: str, contract: Contract, signer: Ed25519PrivateKey | None,
+    new_id: Callable[[], str], *, other_gpu: Sequence[str] = (),
 ) -> Patch:
     """The JSONPatch of a pod CREATE: stamp a GPU-share pod; in env delivery also neutralise every other container.
 
-    `other_gpu` names other device plugins' GPU resources (whole GPUs): their containers are left alone.
+    `signer` None: the signing key cannot be read now; a pod that is not GPU-share is mutated all the same (it needs
+    no signature), a GPU-share pod raises NoSigningKey. `other_gpu` names other device plugins' GPU resources (whole
+    GPUs): their containers are left alone.
     """
     try:
         demand: Demand | None = demand_of(pod, contract.resource)  # parsed once, for both halves below

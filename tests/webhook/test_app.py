@@ -128,14 +128,15 @@ def test_malformed_bodies_get_400_with_one_line(client: FlaskClient, path: str, 
 
 @pytest.mark.parametrize("path", ["/mutate", "/validate"])
 def test_internal_error_is_still_a_well_formed_denial(
-    cert_dir: Path, tmp_path: Path, path: str, caplog: pytest.LogCaptureFixture
+    cert_dir: Path, path: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def broken_ids() -> str:
+    def broken(*args: object, **kwargs: object) -> str:
         raise RuntimeError("id source exhausted")
 
-    # /mutate fails on the id source, /validate on the signing key that is not mounted.
-    missing = {"GPUSHARE_SIGNING_KEY": str(tmp_path / "absent.key")} if path == "/validate" else {}
-    app = create_app(settings_for(cert_dir, **missing), new_id=broken_ids)
+    # /mutate fails on the id source, /validate on a rule that breaks (a signing key that cannot be read is no
+    # internal error: tests/webhook/test_lost_key.py).
+    monkeypatch.setattr("webhook.app.validate", broken)
+    app = create_app(settings_for(cert_dir), new_id=broken)
     with app.test_client() as c, caplog.at_level(logging.ERROR):
         status, answer = post(c, path, review("CREATE", pod(container("a", 2)), uid="u-err"))
     assert status == 200

@@ -1,0 +1,91 @@
+"""What the device plugin's identity may do, enforced by the real API server: only its own annotations, only on pods
+bound to the node its token names, and of node status only its own node's GPU count. The plugin's ServiceAccount has
+cluster-wide pod patch rights (RBAC cannot say "pods of my node"), so without the admission policies one GPU node's
+token could rewrite any pod in the cluster, e.g. the image of a kube-system pod on another node."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+
+from e2e import gpushare
+from e2e.cluster import Cluster
+from e2e.kube import Kubectl, KubeError, Rest
+from tests.e2e import workloads as w
+from webhook.protocol import ASSIGNED
+
+OTHER = "gpushare-e2e-other-node"  # a Node object without a kubelet: pods bound to it stay Pending
+STRATEGIC = "application/strategic-merge-patch+json"
+
+
+@pytest.fixture(scope="module")
+def other_node(cluster: Cluster) -> Iterator[str]:
+    kubectl = cluster.kubectl()
+    if kubectl.run(["get", "node", OTHER])[0] != 0:
+        kubectl.ok(["create", "-f", "-"], stdin=json.dumps({"apiVersion": "v1", "kind": "Node",
+                                                            "metadata": {"name": OTHER}}))
+    yield OTHER
+
+
+def plugin(cluster: Cluster, node: str) -> Rest:
+    """The plugin's identity with a token bound to `node`, as the DaemonSet's projected token is."""
+    token = gpushare.token(cluster.kubectl(), *gpushare.PLUGIN_SA, node=node)
+    return Rest(cluster.server, cluster.pki_dir / "ca.crt", token=token)
+
+
+def refused(api: Rest, method: str, path: str, body: object, content_type: str = STRATEGIC) -> str:
+    with pytest.raises(KubeError) as caught:
+        api.call(method, path, body, content_type)
+    assert caught.value.status in (403, 422), caught.value
+    return caught.value.message
+
+
+def test_the_plugin_cannot_change_a_pod_of_another_node(cluster: Cluster, kubectl: Kubectl, other_node: str) -> None:
+    """The review's finding as it was: a plugin token from one node patching the image of a kube-system pod bound to
+    another node. The pod is bound there at creation (spec.nodeName), so no kubelet runs it."""
+    name = "gpushare-e2e-victim"
+    kubectl.run(["delete", "pod", name, "-n", "kube-system", "--grace-period=0", "--force"])
+    victim = w.pod(name, [w.container("main", w.image(cluster))])
+    victim["spec"]["nodeName"] = other_node
+    assert w.create(kubectl, "kube-system", victim)[0] == 0
+    try:
+        path = f"/api/v1/namespaces/kube-system/pods/{name}"
+        image = {"spec": {"containers": [{"name": "main", "image": "attacker/evil:1"}]}}
+        for node in (cluster.settings.node_name, other_node):  # a token of this node, and one of the pod's own node
+            message = refused(plugin(cluster, node), "PATCH", path, image)
+            assert "spec" in message, message
+        label = {"metadata": {"labels": {"pwned": "yes"}}}
+        assert "label" in refused(plugin(cluster, other_node), "PATCH", path, label)
+        shown = kubectl.json(["get", "pod", name, "-n", "kube-system"])
+        assert shown["spec"]["containers"][0]["image"] == victim["spec"]["containers"][0]["image"]
+        assert "pwned" not in (shown["metadata"].get("labels") or {})
+    finally:
+        kubectl.run(["delete", "pod", name, "-n", "kube-system", "--grace-period=0", "--force"])
+
+
+def test_the_plugin_of_this_node_changes_only_its_own_annotations(cluster: Cluster, needs_extender: None,
+                                                                  kubectl: Kubectl, namespace: str) -> None:
+    assert w.create(kubectl, namespace, w.pod("mine", [w.container("main", w.image(cluster), 4)]))[0] == 0
+    pod = w.wait_running(kubectl, namespace, 1, 120)[0]
+    api = plugin(cluster, cluster.settings.node_name)
+    path = f"/api/v1/namespaces/{namespace}/pods/mine"
+    # What the plugin writes (ASSIGNED, already "true" here) passes; anything else of the pod does not.
+    api.call("PATCH", path, {"metadata": {"annotations": {ASSIGNED: "true"}}}, STRATEGIC)
+    for change in ({"spec": {"containers": [{"name": "main", "image": "attacker/evil:1"}]}},
+                   {"metadata": {"labels": {"pwned": "yes"}}},
+                   {"metadata": {"annotations": {"example.com/other": "x"}}}):
+        refused(api, "PATCH", path, change)
+    refused(api, "PATCH", path + "/status", {"status": {"phase": "Failed"}})
+    after = kubectl.json(["get", "pod", "mine", "-n", namespace])
+    assert after["spec"]["containers"][0]["image"] == pod["spec"]["containers"][0]["image"]
+    assert "example.com/other" not in w.annotations_of(after) and w.phase(after) == "Running"
+
+
+def test_the_plugin_sets_only_its_own_nodes_gpu_count(cluster: Cluster, other_node: str) -> None:
+    api = plugin(cluster, cluster.settings.node_name)
+    count = {"status": {"capacity": {"aliyun.com/gpu-count": "8"}}}
+    refused(api, "PATCH", f"/api/v1/nodes/{other_node}/status", count)
+    refused(api, "PATCH", f"/api/v1/nodes/{cluster.settings.node_name}/status",
+            {"status": {"capacity": {"cpu": "64"}}})

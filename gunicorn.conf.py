@@ -39,9 +39,10 @@ bind = [_settings.bind]
 worker_class = "webhook.worker.WebhookWorker"
 workers = _settings.workers
 threads = max(_settings.threads, 1)  # gunicorn's own setting; our worker reads GPUSHARE_THREADS itself
-# Connections one process holds at most, stalled ones included. Past it a new connection takes the place of an idle
-# (else unfinished) one of the client address holding the most, when that client holds more than the newcomer's;
-# else it is refused. One client address holds at most GPUSHARE_MAX_CONNECTIONS_PER_CLIENT (webhook/connlimits.py).
+# Connections one process holds at most, stalled ones included, about 60 KiB each (webhook/worker.py, TLS_READ_BUFFER):
+# 1,000 add about 60 MiB to a process. Past it a new connection takes the place of an idle (else unfinished) one of
+# the client address holding the most, when that client holds more than the newcomer's; else it is refused. One
+# client address holds at most GPUSHARE_MAX_CONNECTIONS_PER_CLIENT (webhook/connlimits.py).
 worker_connections = 1000
 # The API server waits at most timeoutSeconds (1-30 s, default 10) for an answer; a worker whose event loop stops
 # turning for this long is replaced.

@@ -16,36 +16,19 @@ import argparse
 import http.client
 import re
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bench.bench_stalled_clients import BODY, HEADERS, pct
+from bench.bench_stalled_clients import latencies, pct
 from tests.support.stalled_clients import open_idle, still_open
-from tests.support.webhook_server import HOST, RunningWebhook, webhook_server
+from tests.support.webhook_server import RunningWebhook, webhook_server
 
 ENV = {"GPUSHARE_WORKERS": "2", "GPUSHARE_LOG_LEVEL": "WARNING"}
 
 
 def fresh_reviews(hook: RunningWebhook, count: int) -> tuple[list[float], int]:
     """`count` mutate reviews, each on a new connection: (seconds of each answered one, how many failed)."""
-    out: list[float] = []
-    failed = 0
-    for _ in range(count):
-        start = time.perf_counter()
-        conn = http.client.HTTPSConnection(HOST, hook.port, context=hook.ssl_context(), timeout=5.0)
-        try:
-            conn.request("POST", "/mutate", body=BODY, headers=HEADERS)
-            res = conn.getresponse()
-            res.read()
-            if res.status != 200:
-                raise http.client.HTTPException(res.status)
-            out.append(time.perf_counter() - start)
-        except (OSError, http.client.HTTPException):
-            failed += 1
-        finally:
-            conn.close()
-    return out, failed
+    return latencies(hook, count, 5.0, fresh=True)
 
 
 def flood(hook: RunningWebhook, sources: list[str], each: int) -> list[http.client.HTTPSConnection]:

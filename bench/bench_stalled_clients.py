@@ -29,13 +29,15 @@ ENV = {"GPUSHARE_WORKERS": "2", "GPUSHARE_THREADS": "4", "GPUSHARE_READ_DEADLINE
        "GPUSHARE_LOG_LEVEL": "WARNING"}
 
 
-def latencies(hook: RunningWebhook, count: int, timeout: float) -> tuple[list[float], int]:
-    """Sequential mutate reviews over kept-alive connections: (seconds of each answered one, how many failed)."""
+def latencies(hook: RunningWebhook, count: int, timeout: float, fresh: bool = False) -> tuple[list[float], int]:
+    """Sequential mutate reviews over kept-alive connections, or each on a new one (`fresh`: timed from its connect):
+    (seconds of each answered one, how many failed)."""
     out: list[float] = []
     failed = 0
-    conn = http.client.HTTPSConnection(HOST, hook.port, context=hook.ssl_context(), timeout=timeout)
+    conn: http.client.HTTPSConnection | None = None
     for _ in range(count):
         start = time.perf_counter()
+        conn = conn or http.client.HTTPSConnection(HOST, hook.port, context=hook.ssl_context(), timeout=timeout)
         try:
             conn.request("POST", "/mutate", body=BODY, headers=HEADERS)
             res = conn.getresponse()
@@ -45,9 +47,14 @@ def latencies(hook: RunningWebhook, count: int, timeout: float) -> tuple[list[fl
             out.append(time.perf_counter() - start)
         except (OSError, http.client.HTTPException):
             failed += 1
+            fresh_one = True
+        else:
+            fresh_one = fresh
+        if fresh_one:
             conn.close()
-            conn = http.client.HTTPSConnection(HOST, hook.port, context=hook.ssl_context(), timeout=timeout)
-    conn.close()
+            conn = None
+    if conn is not None:
+        conn.close()
     return out, failed
 
 

@@ -22,6 +22,7 @@ from e2e import settings as ports
 from e2e.cluster import Cluster
 from e2e.kube import Rest
 from tests.e2e import workloads as w
+from tests.e2e.test_refusals import scrape
 from tests.support.stalled_clients import open_idle
 
 CREATES = 20  # pods created through the API server while the connections are held, half of them GPU-share
@@ -73,9 +74,15 @@ def test_idle_connections_leave_the_api_servers_calls_answered(cluster: Cluster,
                     if cluster.delivery == "env":
                         assert env.get("NVIDIA_VISIBLE_DEVICES") == "void", f"{flood}: not neutralised: {env}"
             seconds.sort()
+            counts = scrape(cluster.settings.port(ports.WEBHOOK_METRICS))
+            evicted = sum(v for (n, _), v in counts.items() if n == "gpushare_webhook_connections_evicted_total")
+            refused = sum(v for (n, _), v in counts.items() if n == "gpushare_webhook_connections_refused_total")
+            # The flood's own connections gave way to newcomers; none was refused (each address had idle ones).
+            assert evicted > 0 and refused == 0, counts
             print(f"\n{flood}: {len(held)} connections opened (each answered once, then idle); {CREATES} "
                   f"creations through the API server all admitted; seconds per creation: median "
-                  f"{seconds[len(seconds) // 2]:.3f}, slowest {seconds[-1]:.3f}", file=sys.stderr)
+                  f"{seconds[len(seconds) // 2]:.3f}, slowest {seconds[-1]:.3f}; connections given up so far "
+                  f"{evicted:.0f}, refused {refused:.0f}", file=sys.stderr)
         finally:
             for conn in held:
                 conn.close()

@@ -37,7 +37,9 @@ ENV_POD: Final = "ALIYUN_COM_GPU_MEM_POD"
 RESERVED_ENV: Final = (ENV_VISIBLE, ENV_CUDA_VISIBLE, ENV_IDX, ENV_DEV, ENV_CONTAINER, ENV_POD)
 
 # Patterns are matched whole (fullmatch: "$" would accept a trailing newline) and bounded in length, so no
-# value reaches int() with thousands of digits (Python refuses more than 4300 with a ValueError).
+# value reaches int() with thousands of digits (Python refuses more than 4300 with a ValueError). They name the ASCII
+# digits [0-9]: int(), str.isdigit() and \d also take other scripts' digits (Arabic-Indic "٣", fullwidth U+FF13),
+# and int() fails on superscripts ("²") that isdigit() accepts; the Go side (strconv, resource.Quantity) reads none.
 _PREFIX_RE = re.compile(r"([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*)/")
 # 19 digits: an int64, which holds the largest value written (ALIYUN_COM_GPU_MEM_ASSUME_TIME, unix nanoseconds).
 _INT_RE = re.compile(r"0|[1-9][0-9]{0,18}")
@@ -341,7 +343,8 @@ class Assignment:
         return out
 
 
-def _int_annotation(annotations: Mapping[str, str], key: str) -> int | None:
+def int_annotation(annotations: Mapping[str, str], key: str) -> int | None:
+    """A compatible key's number (None when absent): ASCII digits only, no sign, no leading zero, at most 19."""
     if key not in annotations:
         return None
     value = annotations[key]
@@ -364,10 +367,10 @@ def parse_assigned(annotations: Mapping[str, str]) -> bool | None:
 
 def parse_assignment(annotations: Mapping[str, str]) -> Assignment:
     return Assignment(
-        index=_int_annotation(annotations, IDX),
-        device_units=_int_annotation(annotations, DEV),
-        pod_units=_int_annotation(annotations, POD),
-        assume_time=_int_annotation(annotations, ASSUME_TIME),
+        index=int_annotation(annotations, IDX),
+        device_units=int_annotation(annotations, DEV),
+        pod_units=int_annotation(annotations, POD),
+        assume_time=int_annotation(annotations, ASSUME_TIME),
         assigned=parse_assigned(annotations),
     )
 

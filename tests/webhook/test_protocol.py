@@ -47,7 +47,7 @@ def test_total_follows_the_effective_request_rule(spec: dict[str, Any], total: i
     assert p.demand_of(spec, RES).total == total
 
 
-@pytest.mark.parametrize("bad", ["1.5", "-1", "abc", "8GiB", "", "1" * 19, "9" * 5000])
+@pytest.mark.parametrize("bad", ["1.5", "-1", "abc", "8GiB", "", "1" * 19, "9" * 5000, "²", "٣", "\uff13", "1٣Gi"])
 def test_fractional_or_malformed_units_are_refused_with_the_container_named(bad: str) -> None:
     with pytest.raises(p.ProtocolError, match=r"container 'a' limits\['aliyun.com/gpu-mem'\].*whole number"):
         p.demand_of(pod([container("a", bad)]), RES)
@@ -117,6 +117,11 @@ def test_parse_intent_refuses_malformed_records(text: str, fragment: str) -> Non
         ({p.IDX: " 1"}, "ALIYUN_COM_GPU_MEM_IDX is ' 1'"),
         ({p.ASSUME_TIME: "1" * 20}, "ALIYUN_COM_GPU_MEM_ASSUME_TIME is '1111"),
         ({p.POD: "9" * 5000}, r"ALIYUN_COM_GPU_MEM_POD is '9{39}\.\.\. \(5000 characters\)"),
+        # Digits int() and str.isdigit() take, and the Go side does not: superscripts, Arabic-Indic, fullwidth.
+        ({p.IDX: "²"}, "ALIYUN_COM_GPU_MEM_IDX is '²'"),
+        ({p.IDX: "٣"}, "ALIYUN_COM_GPU_MEM_IDX is '٣'"),
+        ({p.DEV: "\uff13"}, "ALIYUN_COM_GPU_MEM_DEV is '\uff13'"),
+        ({p.POD: "1\U0001d7d9"}, "ALIYUN_COM_GPU_MEM_POD is '1\U0001d7d9'"),
     ],
 )
 def test_parse_assignment_refuses_non_integers(annotations: dict[str, str], fragment: str) -> None:

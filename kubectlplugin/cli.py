@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from kubectlplugin import cluster, model, render
 from webhook import cli
 from webhook.cli import Variable
+from webhook.escape import printable
 from webhook.protocol import DEFAULT_PREFIX, DEFAULT_RESOURCE, Contract, ProtocolError
 from webhook.settings import SettingsError, contract_from
 
@@ -24,13 +25,16 @@ VARIABLES = (
     Variable("KUBECONFIG", "~/.kube/config", "kubeconfig files separated by ':' (--kubeconfig takes precedence)"),
 )
 EPILOG = """\
-It reads node capacity and pod annotations only (the gpushare protocol, or the reference scheduler extender's
-ALIYUN_COM_GPU_MEM_* keys), so it works beside either. A GPU's PROMISED memory is the sum of the pods the
-scheduler extender placed on it (ALIYUN_COM_GPU_MEM_POD); ALLOCATED counts those whose containers got it
+It reads node capacity, pods (annotations and status) and Events only (the gpushare protocol, or the reference
+scheduler extender's ALIYUN_COM_GPU_MEM_* keys), so it works beside either. A GPU's PROMISED memory is the sum of
+the pods the scheduler extender placed on it (ALIYUN_COM_GPU_MEM_POD); ALLOCATED counts those whose containers got it
 (ALIYUN_COM_GPU_MEM_ASSIGNED=true). Pod states: requested (no annotation yet), stamped (the webhook's signed
 intent), assigned (a GPU chosen), allocated (the device plugin delivered it), deleting (being deleted: it
 holds its units only while a GPU container of it may still run, as the scheduler extender frees them at the
-deletion), refused (with the reason), invalid (annotations that break the protocol).
+deletion), refused (the kubelet recorded the plugin's refusal in the pod's status; the reason is the plugin's Event
+where one may be the plugin's, else the kubelet's message), invalid (annotations that break the protocol). An Event
+never sets a state: anyone who may create Events in a namespace can forge one. What comes from the cluster is
+printed with its control characters escaped (a newline as \\n).
 
 Exit status: 0 shown, 1 the cluster could not be read (one line says why), 2 bad arguments or settings."""
 
@@ -105,8 +109,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         snapshot = cluster.read(options.access, options.namespace)
     except cluster.ClusterError as exc:
-        text = str(exc)
-        print(f"error: {text[:1].upper()}{text[1:]}{'' if text.endswith('.') else '.'}", file=sys.stderr)
+        text = str(exc)  # it may quote the API server's answer: printed through `printable`, as the tables are
+        print(printable(f"error: {text[:1].upper()}{text[1:]}{'' if text.endswith('.') else '.'}"), file=sys.stderr)
         return 1
     print(show(options, snapshot))
     return 0

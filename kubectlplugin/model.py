@@ -1,4 +1,8 @@
-"""What `kubectl gpushare` shows, decided from nodes, pods and Events as plain dicts (pure: no API access)."""
+"""What `kubectl gpushare` shows, decided from nodes, pods and Events as plain dicts (pure: no API access).
+
+A pod's state comes from what the cluster guards: its annotations (the webhook and the policies decide who writes
+them) and its status (the kubelet's). Events decide no state (kubectlplugin/events.py).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+from kubectlplugin.events import by_pod, plugin_refusal
 from webhook.holding import holds_memory, still_running, terminating
 from webhook.protocol import (
     DEV,
@@ -16,9 +21,11 @@ from webhook.protocol import (
     Demand,
     ProtocolError,
     demand_of,
+    int_annotation,
     parse_allocation,
     parse_assigned,
     parse_intent,
+    parse_units,
     read_annotations,
 )
 
@@ -27,13 +34,14 @@ Obj = Mapping[str, Any]
 # The node capacity our device plugin and the reference one (pkg/gpu/nvidia/const.go, CountName) publish beside the
 # memory resource.
 GPU_COUNT: Final = "aliyun.com/gpu-count"
-# The Events our device plugin posts carry this component (deviceplugin/apiserver.py COMPONENT).
-PLUGIN_COMPONENT: Final = "gpushare-device-plugin"
-ALLOCATED_REASON: Final = "GpuShareAllocated"
 # What the kubelet reports when a device plugin's Allocate fails (pkg/kubelet/lifecycle/predicate.go).
 ADMISSION_REFUSED: Final = "UnexpectedAdmissionError"
 # Container start failures whose message comes from the plugin's PreStartContainer (pkg/kubelet/cm/devicemanager).
 START_FAILURES: Final = ("CreateContainerConfigError", "CreateContainerError", "RunContainerError")
+
+# A GPU count above this is not believed: each GPU is a row, and a node's status (the plugin writes its GPU count)
+# could claim 10**18 of them. The largest servers hold 16 GPUs.
+MAX_GPUS: Final = 256
 
 STATES: Final = ("requested", "stamped", "assigned", "allocated", "deleting", "refused", "invalid")
 
@@ -96,67 +104,40 @@ def _meta(obj: Obj) -> Obj:
     return meta
 
 
-def _int(value: object) -> int | None:
-    text = str(value).strip() if value is not None else ""
-    return int(text) if text.isdigit() and len(text) <= 19 else None
-
-
-def _timestamp(event: Obj) -> datetime.datetime:
-    """When an Event last happened; core/v1 Events carry lastTimestamp, events.k8s.io ones eventTime."""
-    for value in (event.get("lastTimestamp"), event.get("eventTime"), event.get("firstTimestamp"),
-                  _meta(event).get("creationTimestamp")):
-        if isinstance(value, str) and value:
-            try:
-                when = datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
-            except ValueError:
-                continue
-            return when if when.tzinfo is not None else when.replace(tzinfo=datetime.UTC)
-    return datetime.datetime.min.replace(tzinfo=datetime.UTC)
-
-
-def _involved(event: Obj) -> Obj:
-    involved: Obj = event.get("involvedObject") or event.get("regarding") or {}
-    return involved
-
-
-def _ours(event: Obj) -> bool:
-    """An Event our device plugin posted about a pod (core/v1 `source`, or events.k8s.io's reporting fields)."""
-    source = (event.get("source") or {}).get("component") or event.get("reportingComponent") or \
-        event.get("reportingController")
-    return source == PLUGIN_COMPONENT and _involved(event).get("kind") == "Pod"
-
-
-def _plugin_events(events: Iterable[Obj]) -> dict[str, list[Obj]]:
-    """Our device plugin's Events, by the uid of the pod they are about."""
-    out: dict[str, list[Obj]] = {}
-    for event in events:
-        uid = _involved(event).get("uid")
-        if uid and _ours(event):
-            out.setdefault(str(uid), []).append(event)
-    return out
+def _quantity(value: object) -> int | None:
+    """A node capacity as the protocol reads a quantity (ASCII digits, optional suffix); None when it is none."""
+    if value is None:
+        return None
+    try:
+        return parse_units(value, "capacity")
+    except ProtocolError:
+        return None
 
 
 def _one_line(text: str) -> str:
     return " ".join(str(text).split())
 
 
-def refusal(pod: Obj, events: Sequence[Obj]) -> str:
-    """Why the pod was refused ('' when it was not): the kubelet's admission failure, a start failure, or our
-    plugin's latest Warning Event when no allocation followed it."""
-    status = pod.get("status") or {}
-    if status.get("reason") == ADMISSION_REFUSED:
-        return _one_line(f"{ADMISSION_REFUSED}: {status.get('message', '')}")
-    events = [e for e in events if _ours(e)]
-    latest_allocation = max((_timestamp(e) for e in events if e.get("reason") == ALLOCATED_REASON), default=None)
-    warnings = sorted((e for e in events if e.get("type") == "Warning"
-                       and (latest_allocation is None or _timestamp(e) > latest_allocation)), key=_timestamp)
-    if warnings:
-        return _one_line(f"{warnings[-1].get('reason', '')}: {warnings[-1].get('message', '')}")
+def _start_failure(status: Obj) -> str:
+    """The kubelet's record of a container start the plugin's PreStartContainer refused ('' when there is none)."""
     for container in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
         waiting = (container.get("state") or {}).get("waiting") or {}
         if waiting.get("reason") in START_FAILURES and "PreStartContainer" in str(waiting.get("message", "")):
             return _one_line(f"{waiting['reason']}: {waiting.get('message', '')}")
     return ""
+
+
+def refusal(pod: Obj, events: Sequence[Obj], now: datetime.datetime | None = None) -> str:
+    """Why the pod was refused ('' when it was not), as the kubelet recorded it in the pod's status: its admission
+    failure (Allocate refused), or a container start PreStartContainer refused. For the latter our plugin's latest
+    believed Warning Event gives the words, where there is one (kubectlplugin/events.py)."""
+    status = pod.get("status") or {}
+    if status.get("reason") == ADMISSION_REFUSED:
+        return _one_line(f"{ADMISSION_REFUSED}: {status.get('message', '')}")
+    failure = _start_failure(status)
+    if not failure:
+        return ""
+    return plugin_refusal(pod, events, now or datetime.datetime.now(datetime.UTC)) or failure
 
 
 def _finished(pod: Obj) -> bool:
@@ -200,10 +181,14 @@ def _read(pod: Obj, contract: Contract) -> _Read | None:
             containers, total = _containers(intent.containers, intent.init_containers), intent.total
         except ProtocolError as exc:
             problems.append(str(exc))
-    index, memory, pod_units = (_int(annotations.get(k)) for k in (IDX, DEV, POD))
-    for key, value in ((IDX, index), (DEV, memory), (POD, pod_units)):
-        if key in annotations and value is None:
-            problems.append(f"annotation {key} is {annotations[key]!r}, not a whole number")
+    numbers: dict[str, int | None] = {}
+    for key in (IDX, DEV, POD):
+        try:
+            numbers[key] = int_annotation(annotations, key)
+        except ProtocolError as exc:
+            numbers[key] = None
+            problems.append(str(exc))
+    index, memory, pod_units = numbers[IDX], numbers[DEV], numbers[POD]
     try:
         assigned = parse_assigned(annotations)
     except ProtocolError as exc:
@@ -245,13 +230,14 @@ def _state(pod: Obj, read: _Read, refused: str) -> tuple[str, str]:
     return ("stamped", "") if read.stamped else ("requested", "")
 
 
-def pod_row(pod: Obj, contract: Contract, events: Sequence[Obj] = ()) -> tuple[PodRow, int | None] | None:
+def pod_row(pod: Obj, contract: Contract, events: Sequence[Obj] = (), now: datetime.datetime | None = None
+            ) -> tuple[PodRow, int | None] | None:
     """The pod as a row, and the GPU memory its DEV annotation states; None when it is no GPU-share pod or it
-    has finished (a finished pod holds no GPU memory)."""
+    has finished (a finished pod holds no GPU memory). `now`: this machine's clock (default: read it)."""
     read = _read(pod, contract)
     if read is None or _finished(pod):
         return None
-    state, reason = _state(pod, read, refusal(pod, events))
+    state, reason = _state(pod, read, refusal(pod, events, now))
     meta = _meta(pod)
     node = (pod.get("spec") or {}).get("nodeName") or None
     counted = holds_memory(pod, [c.name for c in read.containers], read.delivered)
@@ -261,21 +247,24 @@ def pod_row(pod: Obj, contract: Contract, events: Sequence[Obj] = ()) -> tuple[P
 
 
 def _gpu_layout(node: Obj, resource: str) -> tuple[int, int | None]:
-    """(GPU count, memory of one GPU) from node capacity; the reference extender assumes the GPUs alike."""
+    """(GPU count, memory of one GPU) from node capacity; the reference extender assumes the GPUs alike. A count
+    that is none, or more than MAX_GPUS, gives no GPU (the pods' indexes still do)."""
     capacity = (node.get("status") or {}).get("capacity") or {}
-    count, total = _int(capacity.get(GPU_COUNT)), _int(capacity.get(resource))
-    if not count:
+    count, total = _quantity(capacity.get(GPU_COUNT)), _quantity(capacity.get(resource))
+    if not count or count > MAX_GPUS:
         return 0, None
     return count, (total // count if total is not None else None)
 
 
 def build(nodes: Iterable[Obj], pods: Iterable[Obj], events: Iterable[Obj], contract: Contract, *,
-          namespace: str | None = None, only_nodes: Sequence[str] = ()) -> Report:
+          namespace: str | None = None, only_nodes: Sequence[str] = (), now: datetime.datetime | None = None
+          ) -> Report:
     """Every GPU of every GPU-share node with the pods promised to it; pods bound without a GPU; pods pending."""
-    by_uid = _plugin_events(events)
+    by_uid = by_pod(events)
+    moment = now or datetime.datetime.now(datetime.UTC)
     rows: list[tuple[PodRow, int | None]] = []
     for pod in pods:
-        found = pod_row(pod, contract, by_uid.get(str(_meta(pod).get("uid", "")), ()))
+        found = pod_row(pod, contract, by_uid.get(str(_meta(pod).get("uid", "")), ()), moment)
         if found is not None:
             rows.append(found)
     layouts = {}
@@ -283,7 +272,7 @@ def build(nodes: Iterable[Obj], pods: Iterable[Obj], events: Iterable[Obj], cont
         name = str(_meta(node).get("name", ""))
         count, memory = _gpu_layout(node, contract.resource)
         capacity = ((node.get("status") or {}).get("capacity") or {}).get(contract.resource)
-        if count or _int(capacity):
+        if count or _quantity(capacity):
             layouts[name] = (count, memory)
     names = set(layouts) | {r.node for r, _ in rows if r.node}
     if only_nodes:

@@ -1,4 +1,9 @@
-"""The report as kubectl-style tables or as JSON (pure)."""
+"""The report as kubectl-style tables or as JSON (pure).
+
+Names, reasons and messages come from the cluster, where anyone who may create a pod or an Event chooses them: every
+table cell and sentence is printed through `printable` (a newline as \\n, ESC as \\x1b), so none can add a row or
+drive the terminal; the JSON is json.dumps's, which escapes every control character by itself.
+"""
 
 from __future__ import annotations
 
@@ -7,12 +12,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from kubectlplugin.model import GpuRow, PodRow, Report
+from webhook.escape import printable
 
 NONE = "-"
 
 
 def columns(rows: Sequence[Sequence[str]]) -> str:
-    """Left-aligned columns three spaces apart, as kubectl prints them; no trailing blanks."""
+    """Left-aligned columns three spaces apart, as kubectl prints them; no trailing blanks; every cell printable."""
+    rows = [[printable(cell) for cell in row] for row in rows]
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return "\n".join("   ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
                      for row in rows)
@@ -37,11 +44,11 @@ def summary(report: Report) -> str:
         if node.unplaced:
             rows.append([node.name, NONE, NONE, NONE, NONE, NONE, str(len(node.unplaced))])
     if len(rows) == 1:
-        return f"No node offers {report.resource} and no pod asks for it." + _scope(report)
+        return printable(f"No node offers {report.resource} and no pod asks for it.") + _scope(report)
     lines = [columns(rows)]
     if report.pending:
-        lines.append(f"{len(report.pending)} pod(s) asking for {report.resource} are not on a node yet "
-                     "(-d lists them).")
+        lines.append(printable(f"{len(report.pending)} pod(s) asking for {report.resource} are not on a node yet "
+                               "(-d lists them)."))
     memory = sum(g.memory or 0 for n in report.nodes for g in n.gpus)
     promised = sum(g.promised for n in report.nodes for g in n.gpus)
     allocated = sum(g.allocated for n in report.nodes for g in n.gpus)
@@ -52,8 +59,8 @@ def summary(report: Report) -> str:
 def _scope(report: Report) -> str:
     if report.namespace is None:
         return ""
-    return (f" Only pods of namespace {report.namespace} are counted; run without -n to count every "
-            "namespace.")
+    return printable(f" Only pods of namespace {report.namespace} are counted; run without -n to count every "
+                     "namespace.")
 
 
 def details(report: Report) -> str:
@@ -74,7 +81,7 @@ def details(report: Report) -> str:
             name = f"{container.name} (init)" if container.init else container.name
             rows.append([*where, name, str(container.units), pod.state, pod.reason])
     if len(rows) == 1:
-        return f"No pod asks for {report.resource}." + _scope(report)
+        return printable(f"No pod asks for {report.resource}.") + _scope(report)
     return columns(rows)
 
 

@@ -31,6 +31,7 @@ PURE = [
     "deviceplugin.delivery",
     "deviceplugin.inventory",
     "deviceplugin.settings",
+    "kubectlplugin.events",
     "kubectlplugin.model",
     "kubectlplugin.render",
 ]

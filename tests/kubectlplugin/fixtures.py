@@ -4,10 +4,12 @@ table: two GPU nodes beside the reference extender, pods in every state."""
 from __future__ import annotations
 
 import copy
+import datetime
 from collections.abc import Mapping
 from typing import Any
 
-from kubectlplugin.model import GPU_COUNT, PLUGIN_COMPONENT
+from kubectlplugin.events import PLUGIN_COMPONENT
+from kubectlplugin.model import GPU_COUNT
 from webhook.protocol import (
     ASSIGNED,
     DEV,
@@ -86,19 +88,40 @@ def allocate(p: Obj, *, record: bool = True, contract: Contract = CONTRACT) -> O
 
 def event(p: Obj, reason: str, message: str, when: str, event_type: str = "Warning",
           component: str = PLUGIN_COMPONENT) -> Obj:
+    """An Event about pod `p` as the device plugin of its node posts it (deviceplugin/apiserver.py event_body)."""
     meta = p["metadata"]
+    host = p["spec"].get("nodeName", "")
     return {"metadata": {"name": f"{meta['name']}.{reason.lower()}.{when[11:19].replace(':', '')}",
                          "namespace": meta["namespace"]},
             "involvedObject": {"kind": "Pod", "name": meta["name"], "namespace": meta["namespace"],
                                "uid": meta["uid"]},
-            "reason": reason, "message": message, "type": event_type, "source": {"component": component},
-            "lastTimestamp": when}
+            "reason": reason, "message": message, "type": event_type,
+            "source": {"component": component, "host": host}, "reportingComponent": component,
+            "reportingInstance": host, "lastTimestamp": when}
 
 
 def admission_refused(p: Obj, message: str) -> Obj:
     out = copy.deepcopy(p)
     out["status"] = {"phase": "Failed", "reason": "UnexpectedAdmissionError",
                      "message": f"Allocate failed due to {message}, which is unexpected"}
+    return out
+
+
+def ago(seconds: int) -> str:
+    """A time that many seconds before now, as the API writes it: the Events of the golden cluster happened just
+    before it is shown, since kubectl gpushare believes no Event from before its pod or after now."""
+    moment = datetime.datetime.now(datetime.UTC) - datetime.timedelta(seconds=seconds)
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def start_failed(p: Obj, message: str) -> Obj:
+    """The pod once the kubelet failed its first container's start on the plugin's PreStartContainer answer
+    (pkg/kubelet/cm/devicemanager: "device plugin PreStartContainer rpc failed with err: ...")."""
+    out = copy.deepcopy(p)
+    name = out["spec"]["containers"][0]["name"]
+    out["status"]["containerStatuses"] = [{"name": name, "state": {"waiting": {
+        "reason": "CreateContainerConfigError",
+        "message": f"device plugin PreStartContainer rpc failed with err: {message}"}}}]
     return out
 
 
@@ -109,7 +132,8 @@ def golden_cluster() -> tuple[list[Obj], list[Obj], list[Obj]]:
     serve = assign(stamp(pod("ml", "serve", {"api": 4, "cache": 2})), 0, 16, "gpu-a")
     legacy = allocate(assign(pod("legacy", "notebook", {"jupyter": 6}), 1, 16, "gpu-a"), record=False)
     moved = allocate(assign(stamp(pod("ml", "moved", {"main": 4})), 1, 16, "gpu-a"))
-    noroom = assign(stamp(pod("ml", "eval", {"main": 12})), 0, 24, "gpu-b")
+    noroom = start_failed(assign(stamp(pod("ml", "eval", {"main": 12})), 0, 24, "gpu-b"),
+                          "rpc error: code = ResourceExhausted desc = Pod ml/eval does not fit")
     unplaced = admission_refused(stamp(pod("ml", "direct", {"main": 4}, node_name="gpu-b")),
                                  "rpc error: code = FailedPrecondition desc = no pod on node gpu-b admitted by the "
                                  "gpushare webhook has a container asking for exactly 4 GiB")
@@ -119,12 +143,12 @@ def golden_cluster() -> tuple[list[Obj], list[Obj], list[Obj]]:
     done["status"]["phase"] = "Succeeded"
     plain = pod("web", "nginx", {"web": 0}, node_name="gpu-a")
     events = [
-        event(moved, "GpuShareAllocated", "Pod ml/moved runs on GPU 1.", "2026-01-01T10:00:00Z", "Normal"),
+        event(moved, "GpuShareAllocated", "Pod ml/moved runs on GPU 1.", ago(5), "Normal"),
         event(noroom, "GpuShareNoRoom", "Pod ml/eval does not fit on GPU 0 of node gpu-b: 12 GiB asked, "
-              "8 GiB free; delete pods on that GPU or recreate the pod.", "2026-01-01T10:00:05Z"),
-        event(train, "GpuShareNoRoom", "Pod ml/train did not fit.", "2026-01-01T09:00:00Z"),
-        event(train, "GpuShareAllocated", "Pod ml/train runs on GPU 0.", "2026-01-01T09:00:01Z", "Normal"),
-        event(serve, "Scheduled", "Successfully assigned ml/serve to gpu-a", "2026-01-01T09:00:00Z", "Normal",
+              "8 GiB free; delete pods on that GPU or recreate the pod.", ago(1)),
+        event(train, "GpuShareNoRoom", "Pod ml/train did not fit.", ago(10)),
+        event(train, "GpuShareAllocated", "Pod ml/train runs on GPU 0.", ago(9), "Normal"),
+        event(serve, "Scheduled", "Successfully assigned ml/serve to gpu-a", ago(10), "Normal",
               "default-scheduler"),
     ]
     pods = [train, serve, legacy, moved, noroom, unplaced, waiting, asked, done, plain]

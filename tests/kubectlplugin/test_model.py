@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import datetime
 from collections.abc import Callable
 from typing import Any
 
@@ -19,11 +20,13 @@ from tests.kubectlplugin.fixtures import (
     node,
     pod,
     stamp,
+    start_failed,
 )
 from webhook.protocol import IDX, POD, Contract
 
 Obj = dict[str, Any]
 EARLY, LATE = "2026-01-01T10:00:00Z", "2026-01-01T10:00:09Z"
+NOW = datetime.datetime(2026, 1, 1, 10, 5, tzinfo=datetime.UTC)
 
 
 def base() -> Obj:
@@ -50,7 +53,8 @@ def new_style_event(p: Obj, reason: str, message: str) -> Obj:
     meta = p["metadata"]
     return {"metadata": {"name": "e", "namespace": meta["namespace"]}, "regarding": {"kind": "Pod", "uid": meta["uid"]},
             "reason": reason, "note": message, "message": message, "type": "Warning",
-            "reportingController": "gpushare-device-plugin", "eventTime": "2026-01-01T10:00:00.123456Z"}
+            "reportingController": "gpushare-device-plugin", "reportingInstance": "n1",
+            "eventTime": "2026-01-01T10:00:00.123456Z"}
 
 
 STATES: list[tuple[str, Callable[[], Obj], Callable[[Obj], list[Obj]], str, str]] = [
@@ -61,21 +65,29 @@ STATES: list[tuple[str, Callable[[], Obj], Callable[[Obj], list[Obj]], str, str]
     ("allocated with the plugin's record", lambda: allocate(placed()), lambda p: [], "allocated", ""),
     ("allocated by the reference plugin: ASSIGNED only",
      lambda: allocate(assign(pod("ns", "p", {"m": 4}), 0, 16, "n1"), record=False), lambda p: [], "allocated", ""),
-    ("refused by the plugin at PreStartContainer", placed,
-     lambda p: [event(p, "GpuShareNoRoom", "Pod ns/p does not fit.", EARLY)], "refused", "GpuShareNoRoom: Pod ns/p"),
+    ("refused by the plugin at PreStartContainer: the kubelet's record, the plugin's words",
+     lambda: start_failed(placed(), "no room"), lambda p: [event(p, "GpuShareNoRoom", "Pod ns/p does not fit.", EARLY)],
+     "refused", "GpuShareNoRoom: Pod ns/p"),
+    ("the plugin's Warning without the kubelet's record decides nothing", placed,
+     lambda p: [event(p, "GpuShareNoRoom", "Pod ns/p does not fit.", EARLY)], "assigned", ""),
     ("a refusal the plugin overcame later", lambda: allocate(placed()),
      lambda p: [event(p, "GpuShareNoRoom", "x", EARLY), event(p, "GpuShareAllocated", "ok", LATE, "Normal")],
      "allocated", ""),
-    ("refused again after an allocation (a restart on a moved GPU)", lambda: allocate(placed()),
+    ("refused again after an allocation (a restart on a moved GPU)", lambda: start_failed(allocate(placed()), "moved"),
      lambda p: [event(p, "GpuShareAllocated", "ok", EARLY, "Normal"), event(p, "GpuShareMoved", "moved", LATE)],
      "refused", "GpuShareMoved: moved"),
-    ("the newest of two refusals is the reason", placed,
+    ("a refusal the kubelet recorded before the plugin's allocation Event: its own words",
+     lambda: start_failed(allocate(placed()), "moved"),
+     lambda p: [event(p, "GpuShareMoved", "moved", EARLY), event(p, "GpuShareAllocated", "ok", LATE, "Normal")],
+     "refused", "CreateContainerConfigError: device plugin PreStartContainer rpc failed with err: moved"),
+    ("the newest of two refusals is the reason", lambda: start_failed(placed(), "no room"),
      lambda p: [event(p, "GpuShareMoved", "newer", LATE), event(p, "GpuShareNoRoom", "older", EARLY)],
      "refused", "GpuShareMoved: newer"),
     ("a Warning from another component is not ours", base,
      lambda p: [event(p, "FailedScheduling", "0/1 nodes", EARLY, component="default-scheduler")], "stamped", ""),
-    ("an events.k8s.io Event of the plugin", placed, lambda p: [new_style_event(p, "GpuShareBadSignature", "forged")],
-     "refused", "GpuShareBadSignature: forged"),
+    ("an events.k8s.io Event of the plugin", lambda: start_failed(placed(), "bad signature"),
+     lambda p: [new_style_event(p, "GpuShareBadSignature", "the signature does not verify")],
+     "refused", "GpuShareBadSignature: the signature does not verify"),
     ("refused by the kubelet at admission (Allocate failed)",
      lambda: admission_refused(stamp(pod("ns", "p", {"main": 4}, node_name="n1")), "no pod asks for 4"),
      lambda p: [], "refused",
@@ -87,7 +99,7 @@ STATES: list[tuple[str, Callable[[], Obj], Callable[[Obj], list[Obj]], str, str]
     ("a container waiting for its image is not refused", lambda: waiting(placed(), "ContainerCreating", ""),
      lambda p: [], "assigned", ""),
     ("an index that is no number", lambda: _annotated(placed(), {IDX: "one"}), lambda p: [], "invalid",
-     "annotation ALIYUN_COM_GPU_MEM_IDX is 'one', not a whole number"),
+     "annotation ALIYUN_COM_GPU_MEM_IDX is 'one', which is not a non-negative decimal integer"),
     ("an intent that is no JSON", lambda: _annotated(base(), {CONTRACT.intent_key: "{"}), lambda p: [], "invalid",
      "annotation gpushare.io/intent is not valid JSON"),
     ("ASSIGNED neither true nor false", lambda: _annotated(placed(), {"ALIYUN_COM_GPU_MEM_ASSIGNED": "yes"}),
@@ -120,7 +132,7 @@ def _annotated(p: Obj, annotations: dict[str, str]) -> Obj:
 def test_state_and_reason(case: str, make: Callable[[], Obj], events: Callable[[Obj], list[Obj]], state: str,
                           reason: str) -> None:
     p = make()
-    found = pod_row(p, CONTRACT, events(p))
+    found = pod_row(p, CONTRACT, events(p), NOW)
     assert found is not None, case
     row, _ = found
     assert row.state == state, row

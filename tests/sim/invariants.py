@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from deviceplugin.inventory import Gpu
-from kubectlplugin.model import PLUGIN_COMPONENT
+from kubectlplugin.events import PLUGIN_COMPONENT
 from tests.sim.kubelet import ContainerRun
 from tests.sim.ports import Pod
 from webhook.protocol import DEFAULT_PREFIX, POD, ProtocolError, parse_allocation, parse_assignment, read_annotations

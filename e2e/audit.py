@@ -4,8 +4,9 @@ The tier's API server records the extender's pod writes and bindings at level Re
 each event carries the user, the verb, the object, the request body and the response status. A pod UPDATE or
 PATCH of a GPU-share pod matches the gpushare validating webhook (failurePolicy Fail; its matchConditions take
 every pod with a GPU-memory limit), so the API server sends it there, and an HTTP 2xx answer means the webhook (and
-every admission policy) allowed it; a denial carries the denier's message in the response status. pods/binding is
-not among the webhook's rules: bindings are listed, marked as not judged by it.
+every admission policy) allowed it; a denial carries the denier's message in the response status. A Binding goes to
+the webhook only when it carries a reserved annotation (the extender's carry none): bindings are listed, marked as not
+judged by it.
 """
 
 from __future__ import annotations

@@ -89,3 +89,27 @@ def test_the_plugin_sets_only_its_own_nodes_gpu_count(cluster: Cluster, other_no
     refused(api, "PATCH", f"/api/v1/nodes/{other_node}/status", count)
     refused(api, "PATCH", f"/api/v1/nodes/{cluster.settings.node_name}/status",
             {"status": {"capacity": {"cpu": "64"}}})
+
+
+def test_a_binding_carries_reserved_annotations_only_from_the_extender(cluster: Cluster, kubectl: Kubectl,
+                                                                       namespace: str, other_node: str) -> None:
+    """A Binding's annotations are copied onto the pod by the API server without a pod UPDATE (storage.go,
+    setPodNodeAndMetadata), so the Binding itself is checked: an administrator's Binding naming a GPU is refused,
+    a plain one binds. The extender's own Bindings carry no annotations (test_extender_writes audits them)."""
+    spec = w.pod("unscheduled", [w.container("main", w.image(cluster))])
+    spec["spec"]["schedulerName"] = "gpushare-e2e-no-such-scheduler"  # nothing schedules it: it waits for a Binding
+    assert w.create(kubectl, namespace, spec)[0] == 0
+    api = Rest(cluster.server, cluster.pki_dir / "ca.crt",
+               client=(cluster.pki_dir / "admin.crt", cluster.pki_dir / "admin.key"))
+    path = f"/api/v1/namespaces/{namespace}/pods/unscheduled/binding"
+
+    def binding(annotations: dict[str, str]) -> dict[str, object]:
+        return {"apiVersion": "v1", "kind": "Binding",
+                "metadata": {"name": "unscheduled", "namespace": namespace, "annotations": annotations},
+                "target": {"apiVersion": "v1", "kind": "Node", "name": other_node}}
+
+    message = refused(api, "POST", path, binding({"ALIYUN_COM_GPU_MEM_IDX": "0"}), "application/json")
+    assert "ALIYUN_COM_GPU_MEM_IDX" in message, message
+    assert not kubectl.json(["get", "pod", "unscheduled", "-n", namespace])["spec"].get("nodeName")
+    api.call("POST", path, binding({}))
+    assert kubectl.json(["get", "pod", "unscheduled", "-n", namespace])["spec"]["nodeName"] == other_node

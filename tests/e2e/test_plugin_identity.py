@@ -6,6 +6,7 @@ token could rewrite any pod in the cluster, e.g. the image of a kube-system pod 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -113,3 +114,27 @@ def test_a_binding_carries_reserved_annotations_only_from_the_extender(cluster: 
     assert not kubectl.json(["get", "pod", "unscheduled", "-n", namespace])["spec"].get("nodeName")
     api.call("POST", path, binding({}))
     assert kubectl.json(["get", "pod", "unscheduled", "-n", namespace])["spec"]["nodeName"] == other_node
+
+
+def test_without_the_policy_the_webhook_still_holds_the_plugin_to_its_node(cluster: Cluster, needs_extender: None,
+                                                                           kubectl: Kubectl, namespace: str,
+                                                                           other_node: str) -> None:
+    """Clusters without ValidatingAdmissionPolicies (older than 1.30, or the policies left out) rely on the webhook,
+    which reads the node from the token's userInfo.extra: with the policy's binding removed, a plugin token of
+    another node is refused by the webhook entry validate-plugin.gpushare.io itself."""
+    assert w.create(kubectl, namespace, w.pod("target", [w.container("main", w.image(cluster), 4)]))[0] == 0
+    w.wait_running(kubectl, namespace, 1, 120)
+    api, path = plugin(cluster, other_node), f"/api/v1/namespaces/{namespace}/pods/target"
+    saved = kubectl.json(["get", "validatingadmissionpolicybinding", "gpushare-device-plugin-pods"])
+    for key in ("resourceVersion", "uid", "creationTimestamp", "generation", "managedFields"):
+        saved["metadata"].pop(key, None)
+    kubectl.ok(["delete", "validatingadmissionpolicybinding", "gpushare-device-plugin-pods"])
+    try:
+        deadline, message = time.monotonic() + 60, ""
+        while "validate-plugin.gpushare.io" not in message:  # the API server drops the policy asynchronously
+            assert time.monotonic() < deadline, f"the policy's removal took no effect within 60 s: {message}"
+            message = refused(api, "PATCH", path, {"metadata": {"annotations": {ASSIGNED: "true"}}})
+            time.sleep(0.5)
+        assert f"of node {other_node}" in message and "bound to node" in message, message
+    finally:
+        kubectl.ok(["create", "-f", "-"], stdin=json.dumps(saved))

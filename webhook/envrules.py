@@ -25,6 +25,25 @@ from webhook.protocol import (
 # kubelet appends the spec's env after both (pkg/kubelet/kubelet_pods.go, makeEnvironmentVariables).
 VOID: Final = "void"
 NEUTRAL_ENV: Final = {"name": ENV_VISIBLE, "value": VOID}
+# The variables through which a container's environment selects devices (nvidia-container-toolkit,
+# internal/config/image/cuda_image.go: IsLegacy, devicesFromEnvvars, ImexChannelRequests; and
+# cmd/nvidia-container-runtime-hook/container_config.go: getMigDevices):
+# - CUDA_VERSION, set and non-empty while NVIDIA_VISIBLE_DEVICES is absent (and NVIDIA_REQUIRE_CUDA empty), marks a
+#   "legacy" CUDA image, which gets every GPU. Any NVIDIA_VISIBLE_DEVICES entry, void included, turns that off.
+# - NVIDIA_MIG_CONFIG_DEVICES and NVIDIA_MIG_MONITOR_DEVICES hand a container the MIG management devices of the GPUs
+#   it has; NVIDIA_IMEX_CHANNELS hands it IMEX channel devices. The toolkit reads all three only for a container
+#   that already has devices, so void makes them inert too.
+# - CUDA_VISIBLE_DEVICES is CUDA's own choice among the GPUs a container has.
+# NVIDIA_DRIVER_CAPABILITIES, NVIDIA_REQUIRE_* and NVIDIA_DISABLE_REQUIRE select no device.
+# The toolkit's swarm-resource setting (off by default) makes other names select devices, ahead of
+# NVIDIA_VISIBLE_DEVICES and of void; the docs say to leave it off.
+ENV_LEGACY: Final = "CUDA_VERSION"
+ENV_SELECTING: Final = (ENV_CUDA_VISIBLE, "NVIDIA_MIG_CONFIG_DEVICES", "NVIDIA_MIG_MONITOR_DEVICES",
+                        "NVIDIA_IMEX_CHANNELS")
+# NVIDIA_VISIBLE_DEVICES and every name above: an `envFrom` prefix that could form one of them is refused in a
+# container without void. manifests/base/policy.yaml (gpushare-container-env) lists the same names; a test holds
+# them equal.
+DEVICE_ENV: Final = (ENV_VISIBLE, ENV_LEGACY, *ENV_SELECTING)
 # The toolkit's volume-mount device list: a mount whose destination starts with this directory names a GPU
 # (nvidia-container-toolkit, internal/config/image/cuda_image.go, DeviceListAsVolumeMountsRoot).
 DEVICE_LIST_ROOT: Final = "/var/run/nvidia-container-devices"
@@ -146,6 +165,51 @@ def mount_problems(slot: Slot) -> list[str]:
     ]
 
 
+def is_voided(container: Mapping[str, Any]) -> bool:
+    """The container's own env sets NVIDIA_VISIBLE_DEVICES to the literal void: the runtime then gives it no device,
+    whatever its envFrom sources, its image or CUDA_VERSION say (the mutation adds this entry in env delivery)."""
+    return any(e.get("name") == ENV_VISIBLE and e.get("value") == VOID and "valueFrom" not in e
+               for e in container.get("env") or [])
+
+
+def forming_prefix(entry: Mapping[str, Any]) -> str | None:
+    """The first name of DEVICE_ENV an `envFrom` entry's prefix could form with some key, or None.
+
+    Without a prefix the names come from the ConfigMap or Secret alone, which admission cannot read.
+    """
+    prefix = str(entry.get("prefix") or "")
+    return next((name for name in DEVICE_ENV if prefix and name.startswith(prefix)), None)
+
+
+def _source(entry: Mapping[str, Any]) -> str:
+    for key, kind in (("configMapRef", "ConfigMap"), ("secretRef", "Secret")):
+        ref = entry.get(key)
+        if isinstance(ref, Mapping):
+            return f"{kind} {ref.get('name')!r}"
+    return "an envFrom source"
+
+
+def _unvoided_problems(slot: Slot, contract: Contract) -> list[str]:
+    """What gives GPUs to a container whose env does not set void: CUDA_VERSION, an envFrom prefix forming a name."""
+    unvoided = f"it requests no {contract.resource} and its env does not set {ENV_VISIBLE}={VOID}"
+    fix = f"add the entry {ENV_VISIBLE}={VOID} to its env, or request {contract.resource} in its resources.limits"
+    problems: list[str] = []
+    if any(e.get("name") == ENV_LEGACY for e in slot.container.get("env") or []):
+        problems.append(
+            f"{slot.describe()} sets {ENV_LEGACY}, but {unvoided}: the NVIDIA container runtime would take it for "
+            f"a legacy CUDA image and give it every GPU; remove the entry, {fix}"
+        )
+    for entry in slot.container.get("envFrom") or []:
+        formed = forming_prefix(entry)
+        if formed is not None:
+            problems.append(
+                f"{slot.describe()} takes variables from {_source(entry)} with prefix {entry.get('prefix')!r}, "
+                f"which can form {formed}, but {unvoided}: the NVIDIA container runtime would read it and could "
+                f"give the container GPUs nobody booked; use a prefix that cannot form {formed}, {fix}"
+            )
+    return problems
+
+
 def neutral_problems(slot: Slot, contract: Contract) -> list[str]:
     """What a container that must see no GPU may not define: GPU selection env, or the reserved annotations."""
     problems: list[str] = []
@@ -157,9 +221,9 @@ def neutral_problems(slot: Slot, contract: Contract) -> list[str]:
                 f"container runtime would give it GPUs nobody booked; remove the entry (or set it to {VOID}), or "
                 f"request {contract.resource} in its resources.limits"
             )
-        elif name == ENV_CUDA_VISIBLE:
+        elif name in ENV_SELECTING:
             problems.append(
-                f"{slot.describe()} sets {ENV_CUDA_VISIBLE}, but it requests no {contract.resource}; remove the "
+                f"{slot.describe()} sets {name}, but it requests no {contract.resource}; remove the "
                 f"entry, or request {contract.resource} in its resources.limits"
             )
         key = _annotation_field(entry)
@@ -169,6 +233,8 @@ def neutral_problems(slot: Slot, contract: Contract) -> list[str]:
                 f"of GPU-share containers and this one requests no {contract.resource}; remove the entry, or "
                 f"request {contract.resource} in its resources.limits"
             )
+    if not is_voided(slot.container):
+        problems.extend(_unvoided_problems(slot, contract))
     return problems
 
 

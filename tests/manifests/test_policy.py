@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -16,7 +17,9 @@ from deviceplugin.apiserver import event_body
 from tests.manifests.render import MANIFESTS
 from tests.webhook.plugin_cases import BINDINGS, PLUGIN_WRITES, binding
 from tests.webhook.pods import EXTENDER, PLUGIN, USER, Pod, annotate, container, pod, stamped
-from tests.webhook.test_envrules import ATTACKS, HARMLESS, ephemeral
+from tests.webhook.selection_cases import CASES, FORMS, PLACES, Case, request
+from tests.webhook.test_envrules import ATTACKS, HARMLESS, ephemeral, webhook_refusal
+from webhook.envrules import DEVICE_ENV, ENV_SELECTING
 from webhook.protocol import IDX, Contract
 
 pytestmark = pytest.mark.timeout(120)
@@ -48,9 +51,9 @@ def _rule_matches(spec: Obj, operation: str, resource: str) -> bool:
                for rule in spec["matchConstraints"]["resourceRules"])
 
 
-def admit(name: str, operation: str, obj: Obj, old: Obj | None = None, *, user: str = USER,
-          subresource: str = "", node: str | None = None, resource: str = "pods") -> list[str] | None:
-    """None when the policy does not apply; else the messages of the validations that fail ([] = allowed).
+def evaluate(name: str, operation: str, obj: Obj, old: Obj | None = None, *, user: str = USER,
+             subresource: str = "", node: str | None = None, resource: str = "pods") -> tuple[Obj, Obj] | None:
+    """None when the policy does not apply; else (its spec, the activation with every variable evaluated).
 
     The request is built as kube-apiserver builds it for CEL (k8s.io/apiserver pkg/admission/plugin/cel,
     CreateAdmissionRequest): empty fields such as subResource and userInfo.extra are absent, not empty.
@@ -78,6 +81,16 @@ def admit(name: str, operation: str, obj: Obj, old: Obj | None = None, *, user: 
         activation["variables"] = celtypes.MapType(variables)
         variables[celtypes.StringType(variable["name"])] = run(variable["expression"], activation)
     activation["variables"] = celtypes.MapType(variables)
+    return spec, activation
+
+
+def admit(name: str, operation: str, obj: Obj, old: Obj | None = None, *, user: str = USER,
+          subresource: str = "", node: str | None = None, resource: str = "pods") -> list[str] | None:
+    """None when the policy does not apply; else the messages of the validations that fail ([] = allowed)."""
+    evaluated = evaluate(name, operation, obj, old, user=user, subresource=subresource, node=node, resource=resource)
+    if evaluated is None:
+        return None
+    spec, activation = evaluated
     return [str(run(v["messageExpression"], activation)) for v in spec["validations"]
             if not bool(run(v["expression"], activation))]
 
@@ -108,6 +121,37 @@ def test_container_env_policy_checks_only_added_ephemeral_containers() -> None:
     later = ephemeral(legacy, {"name": "dbg2", "image": "busybox"})
     assert admit("gpushare-container-env", "UPDATE", later, legacy, subresource="ephemeralcontainers") == []
     assert admit("gpushare-container-env", "UPDATE", later, legacy) is None  # plain pods UPDATE: not matched
+
+
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("place", PLACES)
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_container_env_policy_gives_the_webhooks_verdict_on_gpu_selection(case: Case, place: str, form: str) -> None:
+    # Down: created while the webhook is down, which the policy alone judges; env and cdi: as that delivery's
+    # mutation leaves the pod (mutating admission runs before this policy), which the webhook judges too.
+    operation, old, new = request(place, form, case.container)
+    messages = admit("gpushare-container-env", operation, new, old,
+                     subresource="ephemeralcontainers" if operation == "UPDATE" else "")
+    assert messages is not None
+    assert bool(messages) is (form in case.refused) is (webhook_refusal(place, form, case) is not None), messages
+    if messages:
+        assert messages[0].startswith("gpushare denied pod ml/job-0. Container x "), messages
+        assert re.search(f"Container x [^;:]*{re.escape(case.fragment)}", " ".join(messages)), messages
+
+
+def test_container_env_policy_names_the_variables_the_webhook_names() -> None:
+    evaluated = evaluate("gpushare-container-env", "CREATE", pod(container("a")))
+    assert evaluated is not None
+    variables = evaluated[1]["variables"]
+    assert list(variables["selectingEnv"]) == list(ENV_SELECTING)
+    assert list(variables["deviceEnv"]) == list(DEVICE_ENV)
+
+
+def test_container_env_policy_leaves_out_the_namespaces_the_fail_open_entries_leave_out() -> None:
+    # GPU agents in kube-system select GPUs by env on purpose; gpushare-system runs the device plugin.
+    [selector] = policy("gpushare-container-env")["spec"]["matchConstraints"]["namespaceSelector"]["matchExpressions"]
+    assert selector == {"key": "kubernetes.io/metadata.name", "operator": "NotIn",
+                        "values": ["gpushare-system", "kube-system"]}
 
 
 GPU = stamped(pod(container("a", 2)))

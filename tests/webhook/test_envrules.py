@@ -3,31 +3,25 @@
 from __future__ import annotations
 
 import copy
+import re
 from typing import Any
 
-import jsonpatch
 import pytest
 
-from tests.webhook.pods import EXTENDER, KEY, NS, USER, Pod, annotate, container, counter, pod, stamped
+from tests.webhook.pods import EXTENDER, KEY, NS, USER, Pod, annotate, container, pod, stamped
+from tests.webhook.selection_cases import CASES, CDI, ENV, FORMS, PLACES, Case, mutated, request
 from webhook.envrules import VOID, annotation_ref, under_device_list
-from webhook.mutate import mutate, mutate_update
-from webhook.protocol import IDX, Contract
+from webhook.mutate import mutate_update
+from webhook.protocol import IDX
 from webhook.settings import settings_from
 from webhook.validate import validate
 
-ENV, CDI = Contract(), Contract(delivery="cdi")
 POLICY, CDI_POLICY = settings_from({}), settings_from({"GPUSHARE_DELIVERY": "cdi"})
 NEUTRAL = {"name": "NVIDIA_VISIBLE_DEVICES", "value": VOID}
-WHOLE = ("nvidia.com/gpu",)
 
 
 def limited(name: str, limits: dict[str, str], **extra: Any) -> dict[str, Any]:
     return {"name": name, "image": "cuda:12", "resources": {"limits": limits}, **extra}
-
-
-def mutated(p: Pod, contract: Contract = ENV) -> Pod:
-    out: Pod = jsonpatch.apply_patch(copy.deepcopy(p), mutate(p, NS, contract, KEY, counter(), other_gpu=WHOLE))
-    return out
 
 
 @pytest.mark.parametrize(
@@ -173,3 +167,28 @@ def test_a_status_update_cannot_move_the_gpu_of_a_bound_pod() -> None:
 )
 def test_device_list_paths(path: str, reserved: bool) -> None:
     assert under_device_list(path) is reserved
+
+
+WORD = {"app": "container", "sidecar": "container", "init": "init container", "ephemeral": "ephemeral container"}
+
+
+def webhook_refusal(place: str, form: str, case: Case) -> str | None:
+    """The validating webhook's container-env denial of the case in that form, or None when it has none."""
+    operation, old, new = request(place, form, case.container)
+    verdict = validate(operation, old, new, USER, NS, CDI_POLICY if form == "cdi" else POLICY, KEY.public_key(),
+                       subresource="ephemeralcontainers" if operation == "UPDATE" else "")
+    return verdict.message if "container_env" in verdict.reasons else None
+
+
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("place", PLACES)
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_gpu_selection_beside_nvidia_visible_devices(case: Case, place: str, form: str) -> None:
+    # Down: as created while the webhook is down (no mutation); env and cdi: through that delivery's mutation.
+    message = webhook_refusal(place, form, case)
+    if form not in case.refused:
+        assert message is None, message
+        return
+    assert message is not None, "allowed"
+    word = WORD[place][0].upper() + WORD[place][1:]
+    assert re.search(f"{word} 'x' [^;:]*{re.escape(case.fragment)}", message), message

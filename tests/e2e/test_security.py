@@ -44,3 +44,41 @@ def test_a_container_without_gpu_memory_cannot_select_a_gpu(cluster: Cluster, na
     spec["spec"]["containers"][0]["env"] += env
     code, out = w.create(cluster.kubectl(as_tenant=True), namespace, spec)
     assert code != 0 and str(env[0]["name"]) in out, out
+
+
+def _legacy_and_prefixed(img: str) -> tuple[dict[str, object], dict[str, object]]:
+    """A plain image with CUDA_VERSION (the toolkit's legacy-image rule: every GPU), and envFrom with prefix NVIDIA_
+    (a ConfigMap key VISIBLE_DEVICES becomes NVIDIA_VISIBLE_DEVICES)."""
+    legacy = w.pod("legacy", [w.container("main", img)])
+    legacy["spec"]["containers"][0]["env"].append({"name": "CUDA_VERSION", "value": "12.4"})
+    prefixed = w.pod("prefixed", [w.container("main", img)])
+    prefixed["spec"]["containers"][0]["envFrom"] = [{"prefix": "NVIDIA_", "configMapRef": {"name": "gpus"}}]
+    return legacy, prefixed
+
+
+def test_gpu_selection_outside_env_is_refused_by_the_policy_while_the_webhook_is_down(
+        cluster: Cluster, delivery: str, kubectl: Kubectl, namespace: str) -> None:
+    """Security issue, medium 3: with the webhook down nothing adds `void`, so the in-server policy must refuse
+    `kubectl run x --image=busybox --env=CUDA_VERSION=12.4` and an envFrom prefix that forms NVIDIA_VISIBLE_DEVICES,
+    in both delivery modes, while an ordinary pod is still created."""
+    tenant = cluster.kubectl(as_tenant=True)
+    legacy, prefixed = _legacy_and_prefixed(w.image(cluster))
+    cluster.stop_webhook()
+    try:
+        code, out = w.create(tenant, namespace, legacy)
+        assert code != 0 and "gpushare-container-env" in out and "sets CUDA_VERSION" in out, out
+        code, out = w.create(tenant, namespace, prefixed)
+        assert code != 0 and "gpushare-container-env" in out and "with prefix NVIDIA_" in out, out
+        code, out = w.create(tenant, namespace, w.pod("plain", [w.container("main", w.image(cluster))]))
+        assert code == 0, f"an ordinary pod must be created while the webhook is down: {out}"
+    finally:
+        cluster.start_webhook()
+    for spec in (legacy, prefixed):
+        code, out = w.create(tenant, namespace, spec)
+        if delivery == "env":  # the mutation adds void, which wins over both: created, neutralised
+            assert code == 0, out
+            made = next(p for p in w.pods(kubectl, namespace) if p["metadata"]["name"] == spec["metadata"]["name"])
+            env = made["spec"]["containers"][0]["env"]
+            assert {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"} in env, env
+        else:  # cdi delivery adds no void: the webhook refuses it itself
+            assert code != 0 and "gpushare denied pod" in out and "NVIDIA_VISIBLE_DEVICES=void" in out, out

@@ -53,12 +53,14 @@ def split_image(image: Any) -> tuple[Any, ...]:
 @dataclass(frozen=True)
 class Knob:
     """One or more values that together set the fields `where` (all of which hold the same value in the
-    manifests). `block` fields are maps or lists written with toYaml; the others are scalars."""
+    manifests). `block` fields are maps or lists written with toYaml; the others are scalars. An `append` knob adds
+    the items of its value (a list, empty by default) after the items the manifests hold in the list `where`."""
 
     where: tuple[Where, ...]
     values: tuple[Value, ...]
     expression: str = ""  # a Helm action for the field; empty: the single value itself
     block: bool = False
+    append: bool = False
     defaults: Callable[[Any], tuple[Any, ...]] = field(default=_one)
 
 
@@ -124,6 +126,24 @@ KNOBS: tuple[Knob, ...] = (
         where=(Where("DaemonSet", "gpushare-device-plugin", f"{PLUGIN}.resources"),),
         values=(Value("devicePlugin.resources", "The device plugin container's resource requests and limits."),),
         block=True,
+    ),
+    Knob(
+        where=(Where("DaemonSet", "gpushare-device-plugin", f"{PLUGIN}.env"),),
+        values=(Value("devicePlugin.extraEnv", "Environment variables added to the device plugin container's (a "
+                      "list of EnvVar), for example to point it at an NVML library your nodes provide another "
+                      "way."),),
+        block=True, append=True,
+    ),
+    Knob(
+        where=(Where("DaemonSet", "gpushare-device-plugin", f"{PLUGIN}.volumeMounts"),),
+        values=(Value("devicePlugin.extraVolumeMounts", "Volume mounts added to the device plugin container's (a "
+                      "list of VolumeMount), of volumes in devicePlugin.extraVolumes."),),
+        block=True, append=True,
+    ),
+    Knob(
+        where=(Where("DaemonSet", "gpushare-device-plugin", "spec.template.spec.volumes"),),
+        values=(Value("devicePlugin.extraVolumes", "Volumes added to the device plugin pod's (a list of Volume)."),),
+        block=True, append=True,
     ),
     Knob(
         where=(Where("NetworkPolicy", "gpushare-webhook", "spec.ingress[0].from"),),

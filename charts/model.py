@@ -203,6 +203,13 @@ def apply_knobs(parts: list[Part]) -> dict[str, Any]:
             raise ModelError(f"The chart value {names} sets {knob.where}, which no object of the manifests has; "
                              "fix the path in charts/knobs.py.")
         held = [parent[k].value if isinstance(parent[k], When) else parent[k] for parent, k in fields]
+        if knob.append:
+            for (value,), items in ((knob.values, h) for h in held):
+                if not isinstance(items, list):
+                    raise ModelError(f"The chart value {value.path} adds items to {knob.where}, which is no list.")
+                defaults[value.path] = []
+                items.append(Knobbed(index))
+            continue
         if any(h != held[0] for h in held):
             raise ModelError(f"The fields the chart value {names} sets hold different values in the manifests "
                              f"({held}); give them one value, or split the knob in charts/knobs.py.")

@@ -24,6 +24,9 @@ PLUGIN_RESOURCES = {"requests": {"cpu": "20m", "memory": "64Mi"}, "limits": {"me
 NODE_SELECTOR = {"nvidia.com/gpu.present": "true"}
 TOLERATIONS = [{"operator": "Exists"}]
 PEERS = [{"ipBlock": {"cidr": "10.0.0.0/28"}}, {"ipBlock": {"cidr": "10.0.1.0/28"}}]
+EXTRA_ENV = [{"name": "LD_LIBRARY_PATH", "value": "/opt/nvml"}]
+EXTRA_MOUNTS = [{"name": "nvml", "mountPath": "/opt/nvml", "readOnly": True}]
+EXTRA_VOLUMES = [{"name": "nvml", "hostPath": {"path": "/opt/nvml", "type": "Directory"}}]
 SCRAPERS = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "observability"}},
              "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}]
 
@@ -33,7 +36,8 @@ CUSTOM_VALUES: Obj = {
     "config": {"delivery": "cdi", "placement": "node", "unit": "MiB", "logLevel": "DEBUG"},
     "webhook": {"replicas": 3, "resources": WEBHOOK_RESOURCES},
     "devicePlugin": {"nodeSelector": NODE_SELECTOR, "tolerations": TOLERATIONS,
-                     "resources": PLUGIN_RESOURCES},
+                     "resources": PLUGIN_RESOURCES, "extraEnv": EXTRA_ENV, "extraVolumeMounts": EXTRA_MOUNTS,
+                     "extraVolumes": EXTRA_VOLUMES},
     "networkPolicy": {"enabled": True, "apiServer": PEERS, "metrics": SCRAPERS},
     # and every optional component switched on
     **{component_value(folder): {"enabled": True} for folder in kustomize.components()},
@@ -43,6 +47,11 @@ CUSTOM_VALUES: Obj = {
 def _replace(kind: str, name: str, path: str, value: Any) -> Obj:
     return {"target": {"kind": kind, "name": name},
             "patch": yaml.safe_dump([{"op": "replace", "path": path, "value": value}])}
+
+
+def _add(kind: str, name: str, path: str, value: Any) -> Obj:
+    return {"target": {"kind": kind, "name": name},
+            "patch": yaml.safe_dump([{"op": "add", "path": path, "value": value}])}
 
 
 def _plugin_patch(spec: Obj) -> Obj:
@@ -75,6 +84,10 @@ def custom_kustomization(overlay: str) -> Obj:
                            "containers": [{"name": "device-plugin", "resources": PLUGIN_RESOURCES}]}),
             # Lists replace the default, in Helm as in a JSON patch.
             _replace("DaemonSet", "gpushare-device-plugin", "/spec/template/spec/tolerations", TOLERATIONS),
+            # The extra lists add items after the manifests' own.
+            *(_add("DaemonSet", "gpushare-device-plugin", path, item) for path, items in (
+                (f"{first}/env/-", EXTRA_ENV), (f"{first}/volumeMounts/-", EXTRA_MOUNTS),
+                ("/spec/template/spec/volumes/-", EXTRA_VOLUMES)) for item in items),
             _replace("NetworkPolicy", "gpushare-webhook", "/spec/ingress/0/from", PEERS),
             _replace("NetworkPolicy", "gpushare-webhook", "/spec/ingress/1/from", SCRAPERS),
             _replace("NetworkPolicy", "gpushare-device-plugin", "/spec/ingress/0/from", SCRAPERS),

@@ -39,12 +39,13 @@ class Reader(asyncio.StreamReader):
 class Conn:
     """One connection: its task, and what closing it to make room for another needs."""
 
-    __slots__ = ("reader", "task", "writer")
+    __slots__ = ("reader", "served", "task", "writer")
 
     def __init__(self, reader: Reader, writer: asyncio.StreamWriter) -> None:
         self.reader = reader
         self.writer = writer
         self.task: asyncio.Task[None] | None = None
+        self.served = 0  # requests answered
 
     def pending(self) -> bool:
         """Whether the next request has started to arrive: in the reader, or unread in the kernel (TLS records)."""

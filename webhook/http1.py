@@ -49,6 +49,11 @@ class Request:
     # The length to report to the app: a body over the limit is not read, and the app refuses it by its length.
     content_length: int
     keep_alive: bool
+    started: float = 0.0  # the event loop's time when the request's first byte was read
+
+    @property
+    def path(self) -> str:
+        return self.target.partition("?")[0]
 
     def header(self, name: str) -> str | None:
         values = [value for key, value in self.headers if key == name]
@@ -140,13 +145,14 @@ async def read_request(
             started()
     if not start:
         return None
+    arrived = loop.time()
     try:
         head = start + await _within(deadline, "headers", seconds, reader.readuntil(b"\r\n\r\n"))
     except asyncio.LimitOverrunError as exc:
         raise BadRequest(f"the request headers are over {MAX_HEADER_BYTES} bytes",
                          "431 Request Header Fields Too Large") from exc
     method, target, version, headers = _parse_head(head[:-4])
-    req = Request(method, target, version, headers, b"", 0, keep_alive=False)
+    req = Request(method, target, version, headers, b"", 0, keep_alive=False, started=arrived)
     connection = (req.header("connection") or "").lower()
     req.keep_alive = version == "HTTP/1.1" and "close" not in connection
     length = _content_length(req.header("content-length"))

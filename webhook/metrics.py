@@ -30,8 +30,14 @@ OPERATIONS = ("CREATE", "UPDATE")  # the only ones the webhook is registered for
 OUTCOMES = ("allowed", "denied", "malformed", "error")
 LIMITS = ("client", "process")  # webhook/connlimits.py Limit
 EVICTED_STATES = ("idle", "unfinished")  # a busy connection is never closed for another
+HANDSHAKE_OUTCOMES = ("completed", "failed", "timed_out")
+REQUEST_ENDPOINTS = ("mutate", "validate", "other")  # other: /healthz, /readyz, anything else on the TLS port
 # A review takes about a millisecond; the API server gives up after timeoutSeconds (10 s by default).
 BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+# Requests one connection carried before it closed: the API server keeps up to 25 idle connections per transport
+# (client-go transport/cache.go), one transport per webhook Service path (k8s.io/apiserver pkg/util/webhook/client.go
+# gives each a dialer of its own), so a healthy connection carries hundreds.
+PER_CONNECTION_BUCKETS = (0, 1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 5000)
 
 
 class WebhookMetrics:
@@ -91,6 +97,57 @@ class ConnectionMetrics:
             self.refused.labels(limit)
             for state in EVICTED_STATES:
                 self.evicted.labels(limit, state)
+
+
+class WireMetrics:
+    """What one worker process sees on the wire: connections accepted, TLS handshakes and how they ended, requests
+    per connection, and each request's time from its first byte to its answer handed to the kernel."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        self.accepted = Counter(
+            "gpushare_webhook_connections_accepted", "TCP connections accepted on the TLS port.",
+            registry=self.registry,
+        )
+        self.handshakes = Counter(
+            "gpushare_webhook_tls_handshakes",
+            "TLS handshakes, by outcome: completed, failed (a TLS or socket error) or timed_out "
+            "(GPUSHARE_READ_DEADLINE_SECONDS).", ["outcome"], registry=self.registry,
+        )
+        self.resumed = Counter(
+            "gpushare_webhook_tls_sessions_resumed", "Completed TLS handshakes that resumed an earlier session.",
+            registry=self.registry,
+        )
+        self.handshake_seconds = Histogram(
+            "gpushare_webhook_tls_handshake_duration_seconds",
+            "Time from a connection's set-up in the worker to its completed TLS handshake.",
+            buckets=BUCKETS, registry=self.registry,
+        )
+        self.requests_per_connection = Histogram(
+            "gpushare_webhook_connection_requests",
+            "Requests answered on a TLS connection, observed when it closes.",
+            buckets=PER_CONNECTION_BUCKETS, registry=self.registry,
+        )
+        self.request_seconds = Histogram(
+            "gpushare_webhook_request_duration_seconds",
+            "Time from a request's first byte read to its answer's last byte handed to the kernel, by endpoint: "
+            "the review (gpushare_webhook_review_duration_seconds) plus reading, framing, the app and TLS.",
+            ["endpoint"], buckets=BUCKETS, registry=self.registry,
+        )
+        # Label lookups take a lock each: the children are looked up once, here.
+        self._handshakes = {outcome: self.handshakes.labels(outcome) for outcome in HANDSHAKE_OUTCOMES}
+        self._requests = {endpoint: self.request_seconds.labels(endpoint) for endpoint in REQUEST_ENDPOINTS}
+
+    def handshake(self, outcome: str, seconds: float = 0.0, *, resumed: bool = False) -> None:
+        self._handshakes[outcome].inc()
+        if outcome == "completed":
+            self.handshake_seconds.observe(seconds)
+            if resumed:
+                self.resumed.inc()
+
+    def request(self, path: str, seconds: float) -> None:
+        endpoint = path[1:] if path in ("/mutate", "/validate") else "other"
+        self._requests[endpoint].observe(seconds)
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -39,6 +39,7 @@ from webhook import http1
 from webhook.acceptshare import Shares
 from webhook.connections import Conn, Connections, Reader
 from webhook.connlimits import State
+from webhook.metrics import WireMetrics
 from webhook.settings import from_environ
 
 log = logging.getLogger(__name__)
@@ -74,6 +75,7 @@ class WebhookWorker(base.Worker):  # type: ignore[misc]  # gunicorn ships no typ
         self.max_connections: int = self.cfg.worker_connections
         self.max_per_client = settings.max_connections_per_client
         self.conns: Connections  # made in run(), in the worker process (its counters are that process's)
+        self.wire: WireMetrics  # likewise
         self.loop: asyncio.AbstractEventLoop  # made in init_process, in the worker process
         self.pool: ThreadPoolExecutor | None = None
         self.connections: set[asyncio.Task[None]] = set()
@@ -114,6 +116,7 @@ class WebhookWorker(base.Worker):  # type: ignore[misc]  # gunicorn ships no typ
             self.pool = ThreadPoolExecutor(max_workers=self.app_threads, thread_name_prefix="webhook-app")
         self._slot = SHARES.claim(os.getpid())
         self.conns = Connections(self.max_connections, self.max_per_client)
+        self.wire = WireMetrics()
         try:
             self.loop.run_until_complete(self._serve())
         finally:
@@ -172,6 +175,7 @@ class WebhookWorker(base.Worker):  # type: ignore[misc]  # gunicorn ships no typ
             self.loop.remove_reader(sock.fileno())
             self.loop.call_later(_ACCEPT_PAUSE, self._resume, sock)
             return
+        self.wire.accepted.inc()
         conn.setblocking(False)
         task = self.loop.create_task(self._attach(conn))
         self._attaching.add(task)  # held until _accepted has counted the connection
@@ -221,34 +225,47 @@ class WebhookWorker(base.Worker):  # type: ignore[misc]  # gunicorn ships no typ
 
     async def _connection(self, conn: Conn, client: tuple[str, int]) -> None:
         writer = conn.writer
-        graceful = False
+        graceful = secured = False
         try:
-            graceful = await self._exchange(conn, client)
+            secured = await self._handshake(writer, client)
+            graceful = secured and await self._exchange(conn, client)
         except asyncio.CancelledError:
             pass  # the worker is stopping, or the connection gave way to another (webhook/connections.py)
         except _ERRORS as exc:  # the client went away or broke TLS mid-request
             log.debug("The connection from %s:%s ended: %r.", client[0], client[1], exc)
         finally:
+            if secured:
+                self.wire.requests_per_connection.observe(conn.served)
             if graceful:
                 writer.close()  # TLS close_notify, bounded by asyncio's SSL shutdown timeout
             else:
                 writer.transport.abort()
 
-    async def _exchange(self, conn: Conn, client: tuple[str, int]) -> bool:
-        """Serve requests until the client or the worker stops; True when the connection may close gracefully."""
-        reader, writer = conn.reader, conn.writer
+    async def _handshake(self, writer: asyncio.StreamWriter, client: tuple[str, int]) -> bool:
+        """The TLS handshake, bounded and counted; True when it completed."""
         seconds = self.limits.read_deadline
+        started = self.loop.time()
         try:
             # Our own bound: asyncio's ssl_handshake_timeout ends in an OSError that cannot be told from a reset.
             async with asyncio.timeout(seconds):
                 await writer.start_tls(self.cfg_ssl_context())
         except TimeoutError:
+            self.wire.handshake("timed_out")
             log.info("Closed the connection from %s:%s: its TLS handshake did not finish within %g s.",
                      client[0], client[1], seconds)
             return False
         except (ssl.SSLError, OSError, EOFError) as exc:
+            self.wire.handshake("failed")
             log.debug("The TLS handshake with %s:%s failed: %s.", client[0], client[1], exc)
             return False
+        tls = writer.get_extra_info("ssl_object")
+        self.wire.handshake("completed", self.loop.time() - started,
+                            resumed=isinstance(tls, ssl.SSLObject) and tls.session_reused)
+        return True
+
+    async def _exchange(self, conn: Conn, client: tuple[str, int]) -> bool:
+        """Serve requests until the client or the worker stops; True when the connection may close gracefully."""
+        reader, writer = conn.reader, conn.writer
         server = writer.get_extra_info("sockname")
         server_addr = (str(server[0]), int(server[1])) if isinstance(server, tuple) else ("localhost", 0)
         first = True
@@ -271,6 +288,8 @@ class WebhookWorker(base.Worker):  # type: ignore[misc]  # gunicorn ships no typ
             answer = await self._answer(req, http1.environ(req, server_addr, client), keep_alive)
             if not await self._send(writer, answer):
                 return False
+            conn.served += 1
+            self.wire.request(req.path, self.loop.time() - req.started)
             if not keep_alive:
                 if req.content_length > len(req.body):
                     await self._linger(reader)

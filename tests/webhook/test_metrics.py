@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import http.client
 import json
@@ -31,7 +32,7 @@ from tests.webhook.test_validate import (
 )
 from webhook import signing
 from webhook.app import create_app
-from webhook.metrics import CertificateExpiry, WebhookMetrics
+from webhook.metrics import CertificateExpiry, WebhookMetrics, WireMetrics
 from webhook.protocol import ASSIGNED, IDX
 from webhook.settings import Settings, SettingsError, metrics_address, settings_from
 from webhook.validate import REASONS, validate
@@ -306,3 +307,81 @@ def test_idle_connections_to_the_metrics_port_hold_no_thread_of_the_arbiter(tmp_
         finally:
             for sock in idle:
                 sock.close()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The wire: connections, TLS handshakes and requests, as each worker process sees them (webhook/worker.py).
+
+def test_wire_requests_are_counted_by_endpoint() -> None:
+    from prometheus_client import generate_latest
+
+    wire = WireMetrics()
+    for path in ("/mutate", "/mutate", "/validate", "/healthz", "/readyz", "/mutate/x"):
+        wire.request(path, 0.002)
+    wire.handshake("completed", 0.003, resumed=True)
+    wire.handshake("completed", 0.004)
+    wire.handshake("failed")
+    s = samples(generate_latest(wire.registry).decode())
+    for endpoint, count in (("mutate", 2), ("validate", 1), ("other", 3)):
+        assert value(s, "gpushare_webhook_request_duration_seconds_count", endpoint=endpoint) == count
+    assert value(s, "gpushare_webhook_tls_handshakes_total", outcome="completed") == 2
+    assert value(s, "gpushare_webhook_tls_handshakes_total", outcome="failed") == 1
+    assert value(s, "gpushare_webhook_tls_handshakes_total", outcome="timed_out") == 0
+    assert value(s, "gpushare_webhook_tls_sessions_resumed_total") == 1
+    assert value(s, "gpushare_webhook_tls_handshake_duration_seconds_count") == 2  # only completed ones are timed
+
+
+def _wire(hook: RunningWebhook) -> dict[str, float]:
+    s = samples(hook.scrape())
+    return {
+        "accepted": value(s, "gpushare_webhook_connections_accepted_total"),
+        **{outcome: value(s, "gpushare_webhook_tls_handshakes_total", outcome=outcome)
+           for outcome in ("completed", "failed", "timed_out")},
+        "resumed": value(s, "gpushare_webhook_tls_sessions_resumed_total"),
+        "handshakes_timed": value(s, "gpushare_webhook_tls_handshake_duration_seconds_count"),
+        "mutate": value(s, "gpushare_webhook_request_duration_seconds_count", endpoint="mutate"),
+        "other": value(s, "gpushare_webhook_request_duration_seconds_count", endpoint="other"),
+        "connections_closed": value(s, "gpushare_webhook_connection_requests_count"),
+        "requests_on_closed": value(s, "gpushare_webhook_connection_requests_sum"),
+    }
+
+
+def _delta(hook: RunningWebhook, before: dict[str, float]) -> dict[str, float]:
+    return {k: v - before[k] for k, v in _wire(hook).items()}
+
+
+@pytest.mark.timeout(60)
+def test_the_worker_exports_what_it_sees_on_the_wire(tmp_path: Path) -> None:
+    """Every worker's wire counters reach the arbiter's /metrics (prometheus multiprocess mode)."""
+    with webhook_server(tmp_path, {"GPUSHARE_WORKERS": "2", "GPUSHARE_READ_DEADLINE_SECONDS": "0.5"}) as hook:
+        wait_for("the start-up probes' connections to close", lambda: _wire(hook)["connections_closed"] >= 1)
+        before = _wire(hook)
+
+        # One kept-alive connection carries three reviews and a health check, then closes.
+        conn = http.client.HTTPSConnection(HOST, hook.port, context=hook.ssl_context(), timeout=10)
+        for i in range(3):
+            body = json.dumps(review("CREATE", pod(container("a", 2), name=f"w-{i}"), uid=f"w-{i}")).encode()
+            conn.request("POST", "/mutate", body=body, headers={"Content-Type": "application/json"})
+            res = conn.getresponse()
+            res.read()
+            assert res.status == 200
+        conn.request("GET", "/healthz")
+        assert conn.getresponse().read() == b"ok\n"
+        conn.close()
+        wait_for("the kept-alive connection to be counted",
+                 lambda: _delta(hook, before)["connections_closed"] == 1)
+        after = _delta(hook, before)
+        assert (after["accepted"], after["completed"], after["handshakes_timed"]) == (1, 1, 1)
+        assert (after["mutate"], after["other"], after["requests_on_closed"]) == (3, 1, 4)
+
+        # A client that does not speak TLS, and one that says nothing until the read deadline.
+        with socket.create_connection((HOST, hook.port), timeout=10) as plain:
+            plain.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            with contextlib.suppress(OSError):  # closed, or reset, without an answer
+                plain.recv(1024)
+        with socket.create_connection((HOST, hook.port), timeout=10):
+            wait_for("the silent connection's handshake to time out",
+                     lambda: _delta(hook, before)["timed_out"] == 1)
+        after = _delta(hook, before)
+        assert (after["accepted"], after["failed"], after["timed_out"], after["completed"]) == (3, 1, 1, 1)
+        assert after["connections_closed"] == 1  # a connection without a completed handshake carried no request

@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import socket
+import ssl
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -385,3 +386,41 @@ def test_the_worker_exports_what_it_sees_on_the_wire(tmp_path: Path) -> None:
         after = _delta(hook, before)
         assert (after["accepted"], after["failed"], after["timed_out"], after["completed"]) == (3, 1, 1, 1)
         assert after["connections_closed"] == 1  # a connection without a completed handshake carried no request
+
+
+def _session(hook: RunningWebhook, context: ssl.SSLContext) -> ssl.SSLSession | None:
+    """The session of a first connection, after an answer (TLS 1.3 tickets arrive after the handshake)."""
+    with socket.create_connection((HOST, hook.port), timeout=10) as raw, \
+            context.wrap_socket(raw, server_hostname=HOST) as first:
+        first.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        while first.recv(1024):
+            pass
+        return first.session
+
+
+def _resumes(hook: RunningWebhook, context: ssl.SSLContext, session: ssl.SSLSession | None) -> bool:
+    with socket.create_connection((HOST, hook.port), timeout=10) as raw, \
+            context.wrap_socket(raw, server_hostname=HOST, session=session) as second:
+        second.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        while second.recv(1024):
+            pass
+        return bool(second.session_reused)
+
+
+@pytest.mark.timeout(60)
+def test_tls_sessions_no_client_resumes_are_not_offered_and_a_resumed_one_is_counted(tmp_path: Path) -> None:
+    """TLS 1.3, as the API server speaks it: no session ticket (its client would drop it). A TLS 1.2 client may still
+    resume by session id, and the worker counts it."""
+    with webhook_server(tmp_path) as hook:
+        modern = hook.ssl_context()
+        session = _session(hook, modern)
+        assert session is None or not session.has_ticket
+        assert not _resumes(hook, modern, session)
+
+        old = hook.ssl_context()
+        old.maximum_version = ssl.TLSVersion.TLSv1_2
+        session = _session(hook, old)
+        before = _wire(hook)
+        assert _resumes(hook, old, session)
+        wait_for("the resumed handshake to be counted", lambda: _delta(hook, before)["resumed"] == 1)
+        assert _delta(hook, before)["completed"] == 1

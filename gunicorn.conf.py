@@ -48,8 +48,15 @@ worker_connections = 1000
 # turning for this long is replaced.
 timeout = 30
 graceful_timeout = 10
-# How long a kept-alive connection may stay idle between two requests.
-keepalive = 30
+# How long a kept-alive connection may stay idle between two requests: longer than the API server keeps one, so the
+# API server, not the webhook, closes its idle connections. Its webhook client is client-go's transport, built with
+# IdleConnTimeout 90 s (k8s.io/apimachinery pkg/util/net/http.go SetTransportDefaults, from net/http's
+# DefaultTransport) and 25 idle connections per webhook path (k8s.io/client-go transport/cache.go). With 30 s, every
+# call after a quiet half minute paid a new TLS handshake (about 2 ms of a process's CPU, 4 times a review), and a
+# server closing an idle connection races the client reusing it: a POST written on it fails, unretried, and the
+# entry's failurePolicy applies (docs/webhook.md, Connections). Idle connections stay bounded by worker_connections
+# and give way to newcomers (webhook/connlimits.py).
+keepalive = 120
 loglevel = _settings.log_level.lower()
 accesslog = None
 errorlog = "-"

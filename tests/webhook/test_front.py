@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import socket
 import ssl
@@ -9,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.support.webhook_server import HOST, RunningWebhook, webhook_server
+from tests.support.webhook_server import HOST, REPO, RunningWebhook, webhook_server
 from tests.webhook.pods import container, pod, review
 
 pytestmark = pytest.mark.timeout(90)
@@ -101,3 +102,18 @@ def test_head_and_http_1_0(hook: RunningWebhook) -> None:
     assert head.startswith(b"HTTP/1.1 200") and body_of(head) == b""
     old = exchange(hook, b"GET /readyz HTTP/1.0\r\n\r\n")
     assert old.startswith(b"HTTP/1.1 200") and body_of(old) == b"ok\n"
+
+
+# The API server's webhook client closes its idle connections after 90 s: client-go's transport takes
+# IdleConnTimeout from net/http's DefaultTransport (k8s.io/apimachinery pkg/util/net/http.go SetTransportDefaults).
+API_SERVER_IDLE_SECONDS = 90
+
+
+def test_idle_connections_outlive_the_api_servers_own_idle_timeout() -> None:
+    """The API server, not the webhook, ends its idle connections: a call after a quiet minute needs no handshake,
+    and no POST is written on a connection the webhook is closing (gunicorn.conf.py, keepalive)."""
+    conf = ast.parse((REPO / "gunicorn.conf.py").read_text())
+    [keepalive] = [node.value for node in conf.body if isinstance(node, ast.Assign)
+                   and any(isinstance(t, ast.Name) and t.id == "keepalive" for t in node.targets)]
+    assert isinstance(keepalive, ast.Constant) and isinstance(keepalive.value, int)
+    assert keepalive.value > API_SERVER_IDLE_SECONDS

@@ -124,10 +124,11 @@ async def read_request(
 ) -> Request | None:
     """The next whole request on the connection, or None when the client closed it between requests.
 
-    The headers must arrive within `read_deadline` of the first byte (of the handshake's end for the first
-    request, so a client cannot hold an idle connection it never used) and the body within `read_deadline`
-    of the headers. A kept-alive connection may stay idle for `keepalive` before its next request; `started` is
-    called when the first byte of that request arrives (the connection is no longer idle).
+    The headers must arrive within `read_deadline` of the first byte and the body within `read_deadline` of the
+    headers. A kept-alive connection may stay idle for `keepalive` before its next request; `started` is called when
+    the first byte of that request arrives (the connection is no longer idle). With `first`, the first byte too must
+    arrive within `read_deadline` (of the handshake's end), so a client cannot hold a connection it never used: the
+    metrics port; the webhook's worker lets a new connection wait like a kept-alive one (webhook/worker.py).
     """
     loop = asyncio.get_running_loop()
     seconds = limits.read_deadline

@@ -268,11 +268,17 @@ class WebhookWorker(base.Worker):  # type: ignore[misc]  # gunicorn ships no typ
         reader, writer = conn.reader, conn.writer
         server = writer.get_extra_info("sockname")
         server_addr = (str(server[0]), int(server[1])) if isinstance(server, tuple) else ("localhost", 0)
-        first = True
+        # A connection whose handshake is done may wait for its first request as long as a kept-alive one waits for
+        # its next (it stays unfinished for the connection limits until its first answer). The API server's client
+        # dials a connection for every call that finds none idle and pools those that another call's freed
+        # connection beat (Go's net/http, Transport.queueForDial and tryPutIdleConn): after a burst it holds
+        # connections it has not used yet, and takes them for the next calls. Closed at the read deadline instead,
+        # they cost the next burst new handshakes, and one closed as the client took it failed that call (EOF, not
+        # retried for a POST; seen in bench/bench_apiserver_client.py).
         reading = functools.partial(self.conns.mark, conn, State.UNFINISHED)
         while self.alive:
             try:
-                req = await http1.read_request(reader, writer, self.limits, first=first, started=reading)
+                req = await http1.read_request(reader, writer, self.limits, first=False, started=reading)
             except http1.Stalled as exc:
                 log.info("Closed the connection from %s:%s: %s.", client[0], client[1], exc)
                 return False
@@ -282,7 +288,6 @@ class WebhookWorker(base.Worker):  # type: ignore[misc]  # gunicorn ships no typ
                 return await self._send(writer, http1.plain(bad.status, f"The request was refused: {bad}."))
             if req is None:
                 return True
-            first = False
             self.conns.mark(conn, State.BUSY)
             keep_alive = req.keep_alive and self.alive
             answer = await self._answer(req, http1.environ(req, server_addr, client), keep_alive)

@@ -99,3 +99,17 @@ def test_read_deadline_closes_a_stalled_connection(strict: RunningWebhook, kind:
 def test_a_connection_that_never_sends_is_closed(strict: RunningWebhook) -> None:
     with socket.create_connection((HOST, strict.port), timeout=10) as idle:
         assert closed_by_server(idle, timeout=20)
+
+
+def test_a_new_connection_waits_for_its_first_request_like_a_kept_alive_one(strict: RunningWebhook) -> None:
+    """The API server pools connections it dialled and did not use yet (Go's net/http): one that sends its first
+    request after the read deadline is served, not reset (webhook/worker.py)."""
+    with socket.create_connection((HOST, strict.port), timeout=10) as raw, \
+            strict.ssl_context().wrap_socket(raw, server_hostname=HOST) as tls:
+        time.sleep(2.5)  # past the 1 s read deadline, well within the keep-alive
+        assert still_open(tls)
+        tls.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        answer = b""
+        while chunk := tls.recv(4096):
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 200 ")

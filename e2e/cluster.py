@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import shutil
 import socket
@@ -20,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from deviceplugin.inventory import fake_gpus
-from e2e import control, extender, fakenvml, gpushare, netns, node, procs
+from e2e import control, extender, fakenvml, gpushare, netns, node, podnet, procs
 from e2e import settings as ports
 from e2e.certmanager import CertManager
 from e2e.kube import Kubectl
@@ -75,7 +76,9 @@ class Cluster:
 
     # -- up -------------------------------------------------------------------------------------------
 
-    def up(self) -> None:
+    def up(self, host_gpushare: bool = True) -> None:
+        """Everything; with host_gpushare False, no gpushare object or process (e2e.install installs the chart),
+        only the scheduler extender the scheduler is configured with."""
         down(self.settings)
         if any(p.endswith(b"/kubelet") for p in _process_names()):
             raise procs.StartError("a kubelet is already running on this machine; the tier needs the node to itself")
@@ -85,7 +88,12 @@ class Cluster:
         try:
             self._control_plane()
             self._node()
-            self._gpushare()
+            if host_gpushare:
+                self._gpushare()
+            else:
+                self.kubectl().ok(["apply", "-f", "-"], stdin=gpushare.EXTENDER_RBAC)
+                self.start_extender()
+                self._default_service_account()
         except BaseException:
             self.down()
             raise
@@ -103,6 +111,9 @@ class Cluster:
                          client=pki.issue("kcm", "system:kube-controller-manager"))
         sched = kubeconfig(self.conf / "scheduler.kubeconfig", self.server, pki.ca,
                            client=pki.issue("scheduler", "system:kube-scheduler"))
+        # The user the bootstrap ClusterRoleBinding system:node-proxier binds.
+        kubeconfig(self.conf / "kube-proxy.kubeconfig", self.server, pki.ca,
+                   client=pki.issue("kube-proxy", "system:kube-proxy"))
         kubeconfig(self.conf / "kubelet.kubeconfig", self.server, pki.ca,
                    client=pki.issue("kubelet", f"system:node:{s.node_name}", org="system:nodes"))
         pki.issue("kubelet-serving", s.node_name, hosts=("127.0.0.1", s.node_name))
@@ -123,8 +134,10 @@ class Cluster:
 
     def _node(self) -> None:
         s, tc = self.settings, self.toolchain
+        self._pod_network()
+        layouts = ["--oci-layout", str(tc.image.layout)] if tc.image is not None else []
         self.procs.start("registry", [sys.executable, "-m", "e2e.registry", "--port", str(s.port(ports.REGISTRY)),
-                                      "--busybox", str(tc.busybox), "--pause", str(tc.pause)], cwd=REPO)
+                                      "--busybox", str(tc.busybox), "--pause", str(tc.pause), *layouts], cwd=REPO)
         registry = f"http://127.0.0.1:{s.port(ports.REGISTRY)}/v2/"
         self.procs.wait_ready("registry", lambda: _http_ok(registry), 30, "serving /v2/")
         config = node.containerd_config(s, tc, self.conf / "containerd")
@@ -137,6 +150,28 @@ class Cluster:
         self.start_kubelet()
         kubectl = self.kubectl()
         self.procs.wait_ready("kubelet", lambda: _node_ready(kubectl, s.node_name), 120, "a Ready node")
+        self._kube_proxy()
+
+    def _pod_network(self) -> None:
+        """The bridge, and the API server reachable from pods through the `kubernetes` Service (e2e.podnet)."""
+        s, kubectl = self.settings, self.kubectl()
+        podnet.setup(self.run)
+        api = s.port(ports.API_SERVER)
+        self.procs.start("api-relay", [sys.executable, "-m", "e2e.relay", "--listen", f"{podnet.GATEWAY}:{api}",
+                                       "--to", str(api)], cwd=REPO)
+        self.procs.wait_ready("api-relay", lambda: _port_open(api, podnet.GATEWAY), 30, "listening")
+        for doc in podnet.api_endpoints(s):
+            kubectl.ok(["apply", "-f", "-"], stdin=json.dumps(doc))
+
+    def _kube_proxy(self) -> None:
+        """Started once the node exists: it reads the node's addresses first (and waits 30 s for a missing one)."""
+        s = self.settings
+        binary = self.toolchain.kube("kube-proxy")
+        podnet.remember_kube_proxy(self.run, binary)
+        config = podnet.kube_proxy_config(s, self.conf / "kube-proxy.kubeconfig", self.conf / "kube-proxy.yaml")
+        self.procs.start("kube-proxy", [str(binary), f"--config={config}"])
+        healthz = f"http://127.0.0.1:{s.port(ports.KUBE_PROXY_HEALTHZ)}/healthz"
+        self.procs.wait_ready("kube-proxy", lambda: _http_ok(healthz), 60, "answering /healthz")
 
     def start_kubelet(self) -> None:
         self.procs.start("kubelet", self.kubelet_argv, env=node.containerd_env(self.toolchain))
@@ -155,6 +190,9 @@ class Cluster:
         kubeconfig(self.conf / "plugin.kubeconfig", self.server, self.pki_dir / "ca.crt", token=plugin_token,
                    user="gpushare-device-plugin")
         self.start_plugin()
+        self._default_service_account()
+
+    def _default_service_account(self) -> None:
         # kubectl wait fails at once on an object that does not exist yet: poll for the controller's work.
         self.procs.wait_ready("kube-controller-manager", lambda: self.has("serviceaccount", "default", "default"), 60,
                               "the default ServiceAccount")
@@ -270,6 +308,7 @@ class Cluster:
 def down(settings: E2eSettings) -> list[str]:
     """Stop what any run left, kill pod processes and shims, unmount and remove the node's state."""
     stopped = procs.stop_recorded(settings.run_dir)
+    podnet.teardown(settings.run_dir)
     with contextlib.suppress(netns.NetnsError):
         netns.remove(extender.NETNS)
     node.kill_shims()
@@ -303,8 +342,8 @@ def _http_ok(url: str) -> bool:
         return bool(response.status == 200)
 
 
-def _port_open(port: int) -> bool:
-    with socket.create_connection(("127.0.0.1", port), timeout=1):
+def _port_open(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.create_connection((host, port), timeout=1):
         return True
 
 

@@ -164,6 +164,17 @@ async def _connect(sock: socket.socket, port: int, what: str) -> Stream | None:
     return await asyncio.open_connection(sock=sock)
 
 
+async def carry(client: Stream, sock: socket.socket, port: int, what: str) -> None:
+    """Connects `sock` to 127.0.0.1:`port` and copies both ways between it and `client` until both sides finished;
+    the client is closed when the connection fails (e2e.relay uses it too)."""
+    sock.setblocking(False)
+    other = await _connect(sock, port, what)
+    if other is None:
+        client[1].close()
+        return
+    await _splice(client, other, what)
+
+
 class Forwarder:
     def __init__(self, switch: Switch, into: Sequence[tuple[int, int]], out: Sequence[tuple[int, int]]) -> None:
         self.switch = switch
@@ -198,12 +209,7 @@ class Forwarder:
                 log.warning("%s: cannot open a socket: %s", what, exc)
                 writer.close()
                 return
-            sock.setblocking(False)
-            other = await _connect(sock, port, what)
-            if other is None:
-                writer.close()
-                return
-            await _splice((reader, writer), other, what)
+            await carry((reader, writer), sock, port, what)
         return handle
 
     def close(self) -> None:

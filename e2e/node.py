@@ -15,6 +15,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from e2e import podnet
 from e2e import settings as ports
 from e2e.settings import E2eSettings
 from e2e.toolchain import Toolchain
@@ -28,18 +29,15 @@ OWNED_MOUNT_ROOTS = (KUBELET_DIR, STATE_ROOT, RUN_ROOT)
 
 
 def containerd_config(settings: E2eSettings, toolchain: Toolchain, conf_dir: Path) -> Path:
-    """containerd 2.x config (version 3): CRI with CDI, runc with cgroupfs, our registry over plain HTTP."""
+    """containerd 2.x config (version 3): CRI with CDI, runc with cgroupfs, our registry over plain HTTP, the pod
+    network of e2e.podnet."""
     registry = f"127.0.0.1:{settings.port(ports.REGISTRY)}"
     hosts = conf_dir / "certs.d" / registry
     hosts.mkdir(parents=True, exist_ok=True)
     (hosts / "hosts.toml").write_text(
         f'server = "http://{registry}"\n\n[host."http://{registry}"]\n  capabilities = ["pull", "resolve"]\n'
     )
-    cni = conf_dir / "cni"
-    cni.mkdir(parents=True, exist_ok=True)
-    (cni / "10-loopback.conflist").write_text(
-        '{"cniVersion": "1.0.0", "name": "gpushare-e2e", "plugins": [{"type": "loopback"}]}\n'
-    )
+    cni = podnet.cni_config(conf_dir / "cni", RUN_ROOT / "cni-ipam").parent
     config = conf_dir / "containerd.toml"
     runtime = "plugins.'io.containerd.cri.v1.runtime'"
     images = "plugins.'io.containerd.cri.v1.images'"

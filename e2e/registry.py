@@ -4,12 +4,16 @@ Repositories: `gpushare-e2e/pause` (tag `1`), `gpushare-e2e/busybox` and `gpusha
 whose image env sets NVIDIA_VISIBLE_DEVICES=all, as every nvidia/cuda image does). A busybox tag
 `slow-<ms>-<anything>` is made on first request with a layer unique to the tag, whose download takes <ms>
 milliseconds: every such tag is a fresh pull of several seconds, as in the bug report. Any other tag is
-served at once. Read-only: GET and HEAD of /v2/, manifests and blobs (the OCI distribution pull API).
+served at once. With `--oci-layout DIR`, the images of an OCI image layout too (the project's own image, built by
+e2e.projectimage), as `gpushare-e2e/gpushare:<tag>` and `<tag>-upgrade` (the same image under a second tag, for
+the upgrade tests), their blobs read from the layout's files. Read-only: GET and
+HEAD of /v2/, manifests and blobs (the OCI distribution pull API).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import sys
 import threading
@@ -18,19 +22,40 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from e2e import images
+from e2e.projectimage import REPOSITORY, UPGRADE_SUFFIX, manifest_of
 
 _SLOW = re.compile(r"slow-(\d{1,6})-[A-Za-z0-9._-]{1,64}")
 _PATH = re.compile(r"/v2/(?P<name>[a-z0-9/._-]+)/(?P<kind>manifests|blobs)/(?P<ref>[A-Za-z0-9:._-]+)")
 
 
 class Store:
-    def __init__(self, busybox: Path, pause: Path) -> None:
+    def __init__(self, busybox: Path, pause: Path, layouts: tuple[Path, ...] = ()) -> None:
         self.base = images.busybox_layer(busybox)
         self.pause = images.pause_image(pause)
         self.blobs: dict[str, bytes] = dict(self.pause.blobs)
+        self.files: dict[str, Path] = {}  # blob digest -> its file in an OCI layout
         self.delay: dict[str, float] = {}  # blob digest -> seconds its download takes
         self.manifests: dict[tuple[str, str], bytes] = {("gpushare-e2e/pause", "1"): self.pause.manifest}
         self._lock = threading.Lock()
+        for layout in layouts:
+            self.add_layout(layout)
+
+    def add_layout(self, layout: Path) -> None:
+        """Every tagged image of an OCI image layout, under projectimage.REPOSITORY."""
+        index = json.loads((layout / "index.json").read_text())
+        for entry in index.get("manifests") or []:
+            tag = (entry.get("annotations") or {}).get("org.opencontainers.image.ref.name")
+            if tag:
+                self.manifests[(REPOSITORY, tag)] = manifest_of(layout, tag)
+                self.manifests[(REPOSITORY, tag + UPGRADE_SUFFIX)] = self.manifests[(REPOSITORY, tag)]
+        for blob in (layout / "blobs" / "sha256").iterdir():
+            self.files["sha256:" + blob.name] = blob
+
+    def blob(self, ref: str) -> bytes | None:
+        if ref in self.blobs:
+            return self.blobs[ref]
+        path = self.files.get(ref)
+        return path.read_bytes() if path is not None else None
 
     def manifest(self, name: str, ref: str) -> bytes | None:
         with self._lock:
@@ -75,7 +100,7 @@ class Handler(BaseHTTPRequestHandler):
             data = store.manifest(match["name"], match["ref"])
             media = images.MANIFEST
         else:
-            data = store.blobs.get(match["ref"])
+            data = store.blob(match["ref"])
             media = "application/octet-stream"
             if data is not None and body:
                 time.sleep(store.delay.get(match["ref"], 0.0))
@@ -110,8 +135,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--busybox", type=Path, required=True)
     parser.add_argument("--pause", type=Path, required=True)
+    parser.add_argument("--oci-layout", type=Path, action="append", default=[],
+                        help="an OCI image layout whose tagged images to serve as gpushare-e2e/gpushare:<tag>")
     args = parser.parse_args(argv)
-    server = Registry(args.port, Store(args.busybox, args.pause))
+    server = Registry(args.port, Store(args.busybox, args.pause, tuple(args.oci_layout)))
     print(f"registry serving on 127.0.0.1:{args.port}", file=sys.stderr, flush=True)
     server.serve_forever()
     return 0

@@ -16,6 +16,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from e2e import projectimage
+from e2e.projectimage import ProjectImage
 from e2e.settings import E2eSettings, from_environ
 
 REPO = Path(__file__).resolve().parents[1]
@@ -25,13 +27,15 @@ CERT_MANAGER_MODULE_DIR = REPO / "e2e" / "build" / "cert-manager"
 CERT_MANAGER_MODULE = "github.com/cert-manager/cert-manager"
 PAUSE_SOURCE = REPO / "e2e" / "images" / "pause.c"
 
-KUBERNETES_COMMANDS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet")
+KUBERNETES_COMMANDS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kube-proxy")
 CONTAINERD_COMMANDS = ("containerd", "containerd-shim-runc-v2")
 # Debian packages the node needs, and a file each one installs.
 DEBIAN_PACKAGES = {
     "runc": "/usr/sbin/runc",
     "containernetworking-plugins": "/usr/lib/cni/loopback",
     "busybox-static": "/bin/busybox",
+    "buildah": "/usr/bin/buildah",  # the project's image, from its Dockerfile (e2e.projectimage)
+    "mmdebstrap": "/usr/bin/mmdebstrap",  # that image's base, from Debian's packages
 }
 # The reference programs' source trees (folders of GPUSHARE_E2E_REFERENCE_SRC) and the commits they are clones of.
 REFERENCE_TREES = {
@@ -52,7 +56,7 @@ class ToolchainError(Exception):
 
 @dataclass(frozen=True)
 class Toolchain:
-    kubernetes: Path  # directory with etcd and the four Kubernetes commands
+    kubernetes: Path  # directory with etcd and the five Kubernetes commands
     containerd: Path  # directory with containerd and its runc shim
     pause: Path  # the static pause binary of the sandbox image
     runc: Path
@@ -60,6 +64,7 @@ class Toolchain:
     busybox: Path
     cert_manager: Path  # directory with the cert-manager command and the release's deploy/ (chart, CRDs)
     reference: Path | None = None  # directory with EXTENDER_BINARY and PLUGIN_BINARY; None without their sources
+    image: ProjectImage | None = None  # the project's image, built from its Dockerfile (e2e.projectimage)
 
     def kube(self, command: str) -> Path:
         return self.kubernetes / command
@@ -281,10 +286,15 @@ def ensure(settings: E2eSettings) -> Toolchain:
     _build_cert_manager(settings, cert_manager)
     _build_pause(pause)
     reference = build_reference(settings)
+    try:
+        image = projectimage.build(settings)
+    except projectimage.ImageError as exc:
+        raise ToolchainError(str(exc)) from None
     return Toolchain(
         kubernetes=kubernetes, containerd=containerd, pause=pause, runc=Path(DEBIAN_PACKAGES["runc"]),
         cni_bin=Path(DEBIAN_PACKAGES["containernetworking-plugins"]).parent,
         busybox=Path(DEBIAN_PACKAGES["busybox-static"]), cert_manager=cert_manager, reference=reference,
+        image=image,
     )
 
 

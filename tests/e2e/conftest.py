@@ -20,19 +20,24 @@ if not requested():
     collect_ignore_glob = ["test_*.py"]
 
 
-@pytest.fixture(scope="session")
-def cluster() -> Iterator[Cluster]:
+def running_cluster(tier: str, host_gpushare: bool = True) -> Iterator[Cluster]:
+    """A cluster for the whole run, or the skip with the line naming what is missing (tests/install uses it too)."""
     missing = toolchain.check()
     if missing:
-        pytest.skip("real-cluster tier skipped: " + "; ".join(missing))
+        pytest.skip(f"{tier} skipped: " + "; ".join(missing))
     settings = from_environ()
     built = toolchain.ensure(settings)
     running = Cluster(settings, built)
-    running.up()
+    running.up(host_gpushare=host_gpushare)
     try:
         yield running
     finally:
         running.down()
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[Cluster]:
+    yield from running_cluster("real-cluster tier")
 
 
 @pytest.fixture(scope="session", params=["env", "cdi"])

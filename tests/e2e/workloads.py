@@ -1,8 +1,8 @@
 """Pods for the real-cluster tier, and reading back what their containers received.
 
 Every test container runs `e2e.images.REPORT` (one `gpushare-e2e ...` line) and sleeps; `report()` reads it
-with `kubectl logs`. Pods use hostNetwork: the node's CNI gives pods a loopback interface only, and a pod
-sandbox needs an address (see e2e/node.py).
+with `kubectl logs`. Pods use hostNetwork: they need no network, and a sandbox without one of its own starts
+without a veth and an address of the pod network (e2e/podnet.py), which the installed gpushare pods use.
 """
 
 from __future__ import annotations

@@ -6,7 +6,6 @@ import gzip
 import io
 import json
 import tarfile
-import threading
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -15,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from e2e import images
-from e2e.registry import Registry, Store
+from e2e.registry import Store
+from tests.e2e_harness.conftest import serving
 
 
 @pytest.fixture
@@ -27,15 +27,8 @@ def store(tmp_path: Path) -> Store:
 
 @pytest.fixture
 def registry(store: Store) -> Iterator[str]:
-    server = Registry(0, store)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
+    with serving(store) as url:
+        yield url
 
 
 def get(url: str) -> tuple[int, bytes, dict[str, str]]:

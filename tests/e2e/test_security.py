@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from e2e.cluster import Cluster
@@ -46,7 +48,7 @@ def test_a_container_without_gpu_memory_cannot_select_a_gpu(cluster: Cluster, na
     assert code != 0 and str(env[0]["name"]) in out, out
 
 
-def _legacy_and_prefixed(img: str) -> tuple[dict[str, object], dict[str, object]]:
+def _legacy_and_prefixed(img: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """A plain image with CUDA_VERSION (the toolkit's legacy-image rule: every GPU), and envFrom with prefix NVIDIA_
     (a ConfigMap key VISIBLE_DEVICES becomes NVIDIA_VISIBLE_DEVICES)."""
     legacy = w.pod("legacy", [w.container("main", img)])

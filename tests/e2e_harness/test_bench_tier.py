@@ -1,0 +1,40 @@
+"""The tier benchmark's reading of the API server's and the webhook's metrics (bench/bench_apiserver_tier.py)."""
+
+from __future__ import annotations
+
+from bench.bench_apiserver_tier import Reading, _apiserver_series, _counter, _delta, _sums
+
+APISERVER = """\
+# TYPE apiserver_request_duration_seconds histogram
+apiserver_request_duration_seconds_sum{verb="POST",resource="pods",subresource="",scope="resource"} 2.0
+apiserver_request_duration_seconds_count{verb="POST",resource="pods",subresource="",scope="resource"} 100
+apiserver_request_duration_seconds_sum{verb="POST",resource="pods",subresource="binding",scope="resource"} 9.0
+apiserver_request_duration_seconds_count{verb="POST",resource="pods",subresource="binding",scope="resource"} 9
+apiserver_request_duration_seconds_sum{verb="GET",resource="pods",subresource="",scope="resource"} 5.0
+apiserver_request_duration_seconds_count{verb="GET",resource="pods",subresource="",scope="resource"} 5
+# TYPE apiserver_admission_webhook_admission_duration_seconds histogram
+HOOK_sum{name="mutate.gpushare.io",operation="CREATE",rejected="false",type="admit"} 0.5
+HOOK_count{name="mutate.gpushare.io",operation="CREATE",rejected="false",type="admit"} 100
+HOOK_sum{name="mutate.gpushare.io",operation="UPDATE",rejected="false",type="admit"} 7.0
+HOOK_count{name="mutate.gpushare.io",operation="UPDATE",rejected="false",type="admit"} 7
+""".replace("HOOK", "apiserver_admission_webhook_admission_duration_seconds")
+WEBHOOK = """\
+# TYPE gpushare_webhook_tls_handshakes counter
+gpushare_webhook_tls_handshakes_total{outcome="completed"} 4.0
+gpushare_webhook_tls_handshakes_total{outcome="failed"} 1.0
+"""
+
+
+def test_only_post_pods_and_our_create_calls_are_read() -> None:
+    sums = _sums(APISERVER, _apiserver_series)
+    assert sums == {"POST pods": (2.0, 100.0), "mutate.gpushare.io": (0.5, 100.0)}
+    assert _counter(WEBHOOK, "gpushare_webhook_tls_handshakes_total", outcome="completed") == 4.0
+
+
+def test_a_burst_is_the_difference_of_two_readings() -> None:
+    before = Reading({"POST pods": (1.0, 50.0)}, handshakes=1, reviews=10)
+    after = Reading({"POST pods": (2.0, 100.0), "mutate.gpushare.io": (0.5, 100.0)}, handshakes=4, reviews=110)
+    burst = _delta(before, after)
+    assert burst.mean_ms == {"POST pods": 20.0, "mutate.gpushare.io": 5.0}
+    assert burst.calls == {"POST pods": 50, "mutate.gpushare.io": 100}
+    assert (burst.handshakes, burst.reviews) == (3, 100)

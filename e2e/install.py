@@ -10,9 +10,11 @@ but the image and the delivery mode.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -103,3 +105,21 @@ def certs_install(cluster: Cluster) -> None:
         capture_output=True, text=True, cwd=REPO, timeout=120, check=False)
     if done.returncode != 0:
         raise InstallError(f"gpushare-certs install failed (exit {done.returncode}): {done.stderr or done.stdout}")
+
+
+def wait_serving(cluster: Cluster, timeout: float = 120) -> None:
+    """Until a GPU-share pod's creation passes both webhooks through their Service (a server-side dry run): pods
+    Ready is not enough, the Service's endpoints reach kube-proxy's rules a moment later."""
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "serving-probe", "namespace": "default"},
+           "spec": {"containers": [{"name": "main", "image": "gpushare-e2e/none:1",
+                                    "resources": {"limits": {"aliyun.com/gpu-mem": "1"}}}]}}
+    kubectl = cluster.kubectl()
+    deadline = time.monotonic() + timeout
+    last = ""
+    while time.monotonic() < deadline:
+        code, out, err = kubectl.run(["create", "--dry-run=server", "-f", "-"], stdin=json.dumps(pod), timeout=30)
+        if code == 0:
+            return
+        last = err.strip() or out.strip()
+        time.sleep(1)
+    raise InstallError(f"the webhook did not answer through its Service within {timeout:g} s: {last}")

@@ -105,6 +105,7 @@ def test_the_installed_pods_are_ready_and_the_plugin_is_registered(installed: Cl
     w.wait("the node advertising aliyun.com/gpu-mem", lambda: kubectl.ok(
         ["get", "node", installed.settings.node_name, "-o",
          "jsonpath={.status.allocatable.aliyun\\.com/gpu-mem}"]).strip() not in ("", "0"), 60)
+    install.wait_serving(installed)
     for kind in ("mutatingwebhookconfiguration", "validatingwebhookconfiguration"):
         for config in kubectl.json(["get", kind, "-l", PART_OF])["items"]:
             for hook in config["webhooks"]:

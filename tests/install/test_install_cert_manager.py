@@ -39,6 +39,7 @@ def installed(cluster: Cluster) -> Iterator[Cluster]:
                                   certificates="cert-manager", delivery=DELIVERY)
     install.helm(cluster, "install", install.RELEASE, "charts/gpushare", "--namespace", install.RELEASE_NAMESPACE,
                  "-f", str(values), "--wait", "--timeout", "5m", timeout=360)
+    install.wait_serving(cluster)
     yield cluster
     install.helm(cluster, "uninstall", install.RELEASE, "--namespace", install.RELEASE_NAMESPACE, "--ignore-not-found",
                  "--wait")

@@ -64,6 +64,7 @@ def test_kubectl_apply_k_brings_up_a_working_install(cluster: Cluster, kubectl: 
                lambda: sum(map(_ready, _ours(kubectl, "app.kubernetes.io/name=gpushare-webhook"))) == 2, 300, 2)
         w.wait("the device plugin's pod Ready",
                lambda: sum(map(_ready, _ours(kubectl, "app.kubernetes.io/name=gpushare-device-plugin"))) == 1, 120, 2)
+        install.wait_serving(cluster)
         assert w.create(kubectl, namespace, w.pod("gpu", [w.container("main", w.image(cluster), 8)]))[0] == 0
         pod = w.wait_running(kubectl, namespace, 1, 180)[0]
         rep = w.report(kubectl, namespace, "gpu", "main")

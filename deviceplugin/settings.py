@@ -95,6 +95,10 @@ class PluginSettings:
         return os.path.join(self.device_plugin_dir, "kubelet.sock")
 
 
+# A unix socket address holds 108 bytes with the terminating NUL (sun_path, linux/un.h); gRPC refuses longer paths.
+UNIX_PATH_MAX = 107
+
+
 def positive_float(text: str) -> float:
     value = float(text)
     if not math.isfinite(value) or value <= 0:
@@ -120,7 +124,7 @@ def settings_from(env: Mapping[str, str]) -> PluginSettings:
         )
     plugin_dir = env_value(env, "GPUSHARE_DEVICE_PLUGIN_DIR", DEFAULT_PLUGIN_DIR)
     log_level, log_format = log_settings(env)
-    return PluginSettings(
+    settings = PluginSettings(
         contract=contract,
         node_name=node_name,
         verify_key=env_value(env, "GPUSHARE_VERIFY_KEY", "/etc/gpushare/verify/signing.pub"),
@@ -146,6 +150,16 @@ def settings_from(env: Mapping[str, str]) -> PluginSettings:
             env, "GPUSHARE_METRICS_BIND", "0.0.0.0:9103", metrics_address, "host:port, or empty to turn it off"
         ),
     )
+    sockets = (("GPUSHARE_DEVICE_PLUGIN_DIR", settings.socket_path, DEFAULT_PLUGIN_DIR),
+               ("GPUSHARE_POD_RESOURCES_SOCKET", settings.pod_resources_socket, DEFAULT_POD_RESOURCES))
+    for variable, path, default in sockets:
+        size = len(os.fsencode(path))
+        if size > UNIX_PATH_MAX:
+            raise SettingsError(
+                f"{variable}={env_value(env, variable, '')!r} gives the socket path {path}, {size} bytes long; a unix "
+                f"socket address holds at most {UNIX_PATH_MAX}: choose a shorter path (the kubelet's is {default})"
+            )
+    return settings
 
 
 def from_environ(overrides: Mapping[str, str] | None = None) -> PluginSettings:

@@ -40,6 +40,7 @@ def base_env(tmp: Path) -> dict[str, str]:
         "GPUSHARE_NODE_NAME": "node-a", "GPUSHARE_FAKE_GPUS": "1x4GiB", "GPUSHARE_VERIFY_KEY": str(key),
         "GPUSHARE_DEVICE_PLUGIN_DIR": str(tmp / "dp"), "GPUSHARE_POD_RESOURCES_SOCKET": str(tmp / "pr.sock"),
         "GPUSHARE_CDI_DIR": str(tmp / "cdi"), "GPUSHARE_KUBECONFIG": str(tmp / "kubeconfig"),
+        "GPUSHARE_METRICS_BIND": "127.0.0.1:0",  # any free port: tests run side by side
     })
     return env
 
@@ -53,7 +54,10 @@ def base_env(tmp: Path) -> dict[str, str]:
         ({"GPUSHARE_FAKE_GPUS": "lots"}, ("GPUSHARE_FAKE_GPUS='lots' is not COUNTxMEMORY",)),
         ({"GPUSHARE_VERIFY_KEY": "/nonexistent/signing.pub"}, ("GPUSHARE_VERIFY_KEY", "gpushare-verify-key")),
         ({"GPUSHARE_KUBECONFIG": "/nonexistent/kubeconfig"}, ("GPUSHARE_KUBECONFIG=/nonexistent/kubeconfig gives no",)),
-        ({"GPUSHARE_DEVICE_PLUGIN_DIR": "{tmp}/kubeconfig/dp"}, ("GPUSHARE_DEVICE_PLUGIN_DIR=", "cannot be created")),
+        ({"GPUSHARE_DEVICE_PLUGIN_DIR": "/dev/null/dp"}, ("GPUSHARE_DEVICE_PLUGIN_DIR=", "cannot be created")),
+        ({"GPUSHARE_DEVICE_PLUGIN_DIR": "/run/" + "d" * 80}, ("GPUSHARE_DEVICE_PLUGIN_DIR='/run/ddd", "bytes long",
+                                                             "holds at most 107", "/var/lib/kubelet/device-plugins")),
+        ({"GPUSHARE_POD_RESOURCES_SOCKET": "/run/" + "p" * 110}, ("GPUSHARE_POD_RESOURCES_SOCKET=", "115 bytes long")),
     ],
 )
 def test_each_start_failure_is_one_line_and_leaves_sockets_alone(

@@ -1,8 +1,8 @@
-"""The tier benchmark's reading of the API server's and the webhook's metrics (bench/bench_apiserver_tier.py)."""
+"""The tier benchmark's reading of the API server's and the webhook's metrics (e2e/apimetrics.py)."""
 
 from __future__ import annotations
 
-from bench.bench_apiserver_tier import Reading, _apiserver_series, _counter, _delta, _sums
+from e2e.apimetrics import Reading, apiserver_series, counter, delta, sums
 
 APISERVER = """\
 # TYPE apiserver_request_duration_seconds histogram
@@ -26,15 +26,15 @@ gpushare_webhook_tls_handshakes_total{outcome="failed"} 1.0
 
 
 def test_only_post_pods_and_our_create_calls_are_read() -> None:
-    sums = _sums(APISERVER, _apiserver_series)
-    assert sums == {"POST pods": (2.0, 100.0), "mutate.gpushare.io": (0.5, 100.0)}
-    assert _counter(WEBHOOK, "gpushare_webhook_tls_handshakes_total", outcome="completed") == 4.0
+    read = sums(APISERVER, apiserver_series)
+    assert read == {"POST pods": (2.0, 100.0), "mutate.gpushare.io": (0.5, 100.0)}
+    assert counter(WEBHOOK, "gpushare_webhook_tls_handshakes_total", outcome="completed") == 4.0
 
 
 def test_a_burst_is_the_difference_of_two_readings() -> None:
     before = Reading({"POST pods": (1.0, 50.0)}, handshakes=1, reviews=10)
     after = Reading({"POST pods": (2.0, 100.0), "mutate.gpushare.io": (0.5, 100.0)}, handshakes=4, reviews=110)
-    burst = _delta(before, after)
+    burst = delta(before, after)
     assert burst.mean_ms == {"POST pods": 20.0, "mutate.gpushare.io": 5.0}
     assert burst.calls == {"POST pods": 50, "mutate.gpushare.io": 100}
     assert (burst.handshakes, burst.reviews) == (3, 100)
@@ -58,7 +58,7 @@ def test_admission_plugins_are_shared_out_over_the_pods_created() -> None:
 {match}_sum{{name="other.example.com",kind="webhook",operation="CREATE",type="admit"}} 5.0
 {match}_count{{name="other.example.com",kind="webhook",operation="CREATE",type="admit"}} 100
 """
-    burst = _delta(Reading({}, 0, 0), Reading(_sums(text, _apiserver_series), 0, 0))
+    burst = delta(Reading({}, 0, 0), Reading(sums(text, apiserver_series), 0, 0))
     # 100 pods: 0.8 s of mutating webhooks over 200 CREATEs is 8 ms a pod; 1 ms of policies (under 0.05 ms a pod)
     # and other entries' matchConditions are left out, as are UPDATEs.
     assert burst.per_pod_ms() == {"MutatingAdmissionWebhook": 8.0, "matchConditions mutate.gpushare.io": 0.2}

@@ -1,0 +1,299 @@
+"""The layout of the house, read from the source with `ast`: who may import whom, no package-level import cycle,
+small product modules, no copied block of product code, and one definition of each reserved key name.
+
+Each check starts from an allow-list of the places that break it today, with the reason; a change that fixes one
+removes it from the list, and a test below fails when an entry no longer matches anything, so the lists only
+shrink."""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from webhook import protocol
+from webhook.envrules import COMPAT_PREFIX
+
+ROOT = Path(__file__).resolve().parents[1]
+# The hand-written programs that ship in the image (charts/ is the chart generator, run from a checkout).
+PRODUCT = ("webhook", "deviceplugin", "kubectlplugin", "certs")
+# Everything else the import graph spans: the generator, the tiers' harness, the benchmarks and the tests.
+TOP_LEVEL = (*PRODUCT, "charts", "e2e", "bench", "tests")
+MAX_LINES = 350
+WINDOW = 6
+# The one module that spells the reserved key names; everyone else imports them from it.
+KEY_MODULE = "webhook/protocol.py"
+
+
+def _files(*folders: str) -> list[Path]:
+    return sorted(
+        path
+        for folder in folders
+        for path in (ROOT / folder).rglob("*.py")
+        if "_pb2" not in path.name and "__pycache__" not in path.parts
+    )
+
+
+def _name(path: Path) -> str:
+    return path.relative_to(ROOT).as_posix()
+
+
+def _tree(path: Path) -> ast.Module:
+    return ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _imports(node: ast.AST) -> Iterator[tuple[str, int]]:
+    """Every module an import names, with its line: function-level imports count, `if TYPE_CHECKING:` does not."""
+    if isinstance(node, ast.If) and _is_type_checking(node):
+        for other in node.orelse:
+            yield from _imports(other)
+        return
+    if isinstance(node, ast.Import):
+        for alias in node.names:
+            yield alias.name, node.lineno
+    elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+        yield node.module, node.lineno
+    for child in ast.iter_child_nodes(node):
+        yield from _imports(child)
+
+
+def _package_edges() -> dict[tuple[str, str], list[str]]:
+    """(importer, imported) top-level package pairs, each with the places that make it."""
+    edges: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for top in TOP_LEVEL:
+        for path in _files(top):
+            for module, line in _imports(_tree(path)):
+                target = module.split(".")[0]
+                if target in TOP_LEVEL and target != top:
+                    edges[top, target].append(f"{_name(path)}:{line}")
+    return edges
+
+
+# ---------------------------------------------------------------------------------------------------------
+# (a) The device plugin, the kubectl plugin and the certificate tool never import the admission server.
+
+INDEPENDENT = ("deviceplugin", "kubectlplugin", "certs")
+# Today they reach into webhook/ for the shared contract and plumbing, which move to contract/ and common/.
+WEBHOOK_IMPORTS_ALLOWED = {"deviceplugin", "kubectlplugin", "certs"}
+
+
+@pytest.mark.parametrize("package", INDEPENDENT)
+def test_package_does_not_import_the_webhook(package: str) -> None:
+    places = _package_edges().get((package, "webhook"), [])
+    if package in WEBHOOK_IMPORTS_ALLOWED:
+        assert places, f"{package} no longer imports webhook: remove it from WEBHOOK_IMPORTS_ALLOWED"
+    else:
+        assert not places, f"{package} imports webhook at {', '.join(places)}; import contract or common instead"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# (b) No import cycle between top-level packages.
+
+CYCLES_ALLOWED = {
+    # webhook.serve's prepare_dev builds development certificates with certs; certs signs with webhook.signing.
+    frozenset({"webhook", "certs"}),
+}
+
+
+def _cycles(edges: set[tuple[str, str]]) -> set[frozenset[str]]:
+    """The strongly connected groups of more than one package (Tarjan's algorithm, over a handful of nodes)."""
+    graph: dict[str, set[str]] = defaultdict(set)
+    for source, target in edges:
+        graph[source].add(target)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    groups: set[frozenset[str]] = set()
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            group = set()
+            while True:
+                member = stack.pop()
+                group.add(member)
+                if member == node:
+                    break
+            if len(group) > 1:
+                groups.add(frozenset(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return groups
+
+
+def test_cycle_finder_sees_a_cycle() -> None:
+    assert _cycles({("a", "b"), ("b", "c"), ("c", "a"), ("c", "d")}) == {frozenset("abc")}
+    assert _cycles({("a", "b"), ("b", "c")}) == set()
+
+
+def test_no_package_level_import_cycle() -> None:
+    edges = _package_edges()
+    found = _cycles(set(edges))
+    unexpected = found - CYCLES_ALLOWED
+    detail = [
+        f"{a} -> {b}: {', '.join(edges[a, b][:3])}"
+        for group in unexpected
+        for a in sorted(group)
+        for b in sorted(group)
+        if (a, b) in edges
+    ]
+    assert not unexpected, "import cycle between packages:\n" + "\n".join(detail)
+    assert not CYCLES_ALLOWED - found, f"no longer cycles, remove from CYCLES_ALLOWED: {CYCLES_ALLOWED - found}"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# (c) Product modules stay small (STYLE.md rule 8); generated protobuf modules are left out.
+
+LONG_ALLOWED = {
+    # The whole annotation contract in one module; it is split into contract/.
+    "webhook/protocol.py",
+    # Admission rules for create and update in one module.
+    "webhook/validate.py",
+    # The review envelope and the pod's shape checks in one module.
+    "webhook/review.py",
+}
+
+
+@pytest.mark.parametrize("path", _files(*PRODUCT), ids=_name)
+def test_product_module_is_small(path: Path) -> None:
+    lines = len(path.read_text(encoding="utf-8").splitlines())
+    if _name(path) in LONG_ALLOWED:
+        assert lines > MAX_LINES, f"{_name(path)} has {lines} lines now: remove it from LONG_ALLOWED"
+    else:
+        assert lines <= MAX_LINES, f"{_name(path)} has {lines} lines; split it by role (at most {MAX_LINES})"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# (d) No block of six or more statements written twice in product code (imports and docstrings left out).
+
+COPIES_ALLOWED: set[frozenset[str]] = set()
+
+
+def _is_docstring(node: ast.stmt) -> bool:
+    return isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
+
+
+def _bodies(tree: ast.AST) -> Iterator[list[ast.stmt]]:
+    for node in ast.walk(tree):
+        for field in ("body", "orelse", "finalbody"):
+            body = getattr(node, field, None)
+            if isinstance(body, list) and body and isinstance(body[0], ast.stmt):
+                yield [s for s in body if not isinstance(s, ast.Import | ast.ImportFrom) and not _is_docstring(s)]
+
+
+def _windows(paths: list[Path], root: Path = ROOT) -> dict[tuple[str, ...], list[str]]:
+    """Each run of WINDOW statements (compared as syntax trees, without positions) and where it stands."""
+    seen: dict[tuple[str, ...], list[str]] = defaultdict(list)
+    for path in paths:
+        for body in _bodies(_tree(path)):
+            dumped = [ast.dump(s) for s in body]
+            name = path.relative_to(root).as_posix()
+            for start in range(len(body) - WINDOW + 1):
+                seen[tuple(dumped[start : start + WINDOW])].append(f"{name}:{body[start].lineno}")
+    return seen
+
+
+def test_copy_finder_sees_a_copy(tmp_path: Path) -> None:
+    block = "".join(f"    x{i} = y + {i}\n" for i in range(WINDOW))
+    (tmp_path / "a.py").write_text(f'def f(y):\n    """One."""\n    import os\n{block}')
+    (tmp_path / "b.py").write_text(f"def g(y):\n{block}    return 0\n")
+    (tmp_path / "c.py").write_text("def h(y):\n" + block.replace("y + 3", "y - 3"))
+    copies = [places for places in _windows(sorted(tmp_path.glob("*.py")), tmp_path).values() if len(places) > 1]
+    assert copies == [["a.py:4", "b.py:2"]]
+
+
+def test_no_copied_block_in_product_code() -> None:
+    copies = {
+        frozenset(p.split(":")[0] for p in places): places
+        for places in _windows(_files(*PRODUCT)).values()
+        if len(places) > 1
+    }
+    unexpected = [places for files, places in copies.items() if files not in COPIES_ALLOWED]
+    assert not unexpected, "the same statements stand in more than one place:\n" + "\n".join(
+        " ~ ".join(places) for places in unexpected
+    )
+    assert not COPIES_ALLOWED - set(copies), f"no longer copied: {COPIES_ALLOWED - set(copies)}"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# (e) One definition of each reserved key name: a module-level str constant whose whole value is a reserved
+# annotation key, env name, resource or prefix belongs only in the key module. Tests spell names on purpose (they
+# pin the wire format), so test_*.py files are not scanned; their harness modules are.
+
+RESERVED = frozenset(
+    {
+        protocol.DEFAULT_RESOURCE,
+        protocol.DEFAULT_PREFIX,
+        COMPAT_PREFIX,
+        *protocol.COMPAT_KEYS,
+        *protocol.RESERVED_ENV,
+        *protocol.Contract().own_keys,
+    }
+)
+DEFINITIONS_ALLOWED = {
+    # The compat prefix is defined by the env rules and again by the binding check; it moves to the key module.
+    "webhook/envrules.py:COMPAT_PREFIX",
+    "webhook/binding.py:COMPAT_PREFIX",
+    # The real-cluster tier's reference allocator and control loop, and the benchmarks and harness, name the
+    # resource and the env keys themselves; they are ported to the key module with the typed contract.
+    "e2e/control.py:RESOURCE",
+    "e2e/refalloc.py:ENV_INDEX",
+    "e2e/refalloc.py:ENV_POD",
+    "e2e/refalloc.py:ENV_CONTAINER",
+    "e2e/refalloc.py:ENV_DEV",
+    "e2e/refalloc.py:VISIBLE",
+    "bench/bench_apiserver_tier.py:RESOURCE",
+    "tests/deviceplugin/kubelet_sim.py:RESOURCE",
+    "tests/e2e/workloads.py:RESOURCE",
+    "tests/sim/scenario.py:RESOURCE",
+}
+
+
+def _pairs(target: ast.expr, value: ast.expr | None) -> Iterator[tuple[str, str]]:
+    """`NAME = "text"`, and each name of `A, B = "a", "b"`."""
+    if isinstance(target, ast.Name) and isinstance(value, ast.Constant) and isinstance(value.value, str):
+        yield target.id, value.value
+    elif isinstance(target, ast.Tuple) and isinstance(value, ast.Tuple) and len(target.elts) == len(value.elts):
+        for one, other in zip(target.elts, value.elts, strict=True):
+            yield from _pairs(one, other)
+
+
+def _definitions(path: Path) -> Iterator[tuple[str, str]]:
+    for node in _tree(path).body:
+        if isinstance(node, ast.Assign):
+            for target in node.targets:
+                yield from _pairs(target, node.value)
+        elif isinstance(node, ast.AnnAssign):
+            yield from _pairs(node.target, node.value)
+
+
+def test_reserved_names_are_defined_once() -> None:
+    found = {
+        f"{_name(path)}:{name}": value
+        for path in _files(*TOP_LEVEL)
+        if _name(path) != KEY_MODULE and not path.name.startswith("test_")
+        for name, value in _definitions(path)
+        if value in RESERVED
+    }
+    unexpected = {place: value for place, value in found.items() if place not in DEFINITIONS_ALLOWED}
+    assert not unexpected, f"reserved names defined outside {KEY_MODULE}; import them from it: {unexpected}"
+    assert not DEFINITIONS_ALLOWED - set(found), f"no longer defined: {DEFINITIONS_ALLOWED - set(found)}"

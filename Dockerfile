@@ -13,6 +13,7 @@ ENV PIP_NO_CACHE_DIR=1 \
 # stage needs no compiler, and the runtime stage gets neither a compiler nor pip in its virtual environment.
 RUN python -m venv /opt/venv
 COPY pyproject.toml README.md LICENSE gunicorn.conf.py /app/
+COPY common /app/common
 COPY webhook /app/webhook
 COPY deviceplugin /app/deviceplugin
 COPY certs /app/certs

@@ -8,7 +8,7 @@ import sys
 import tempfile
 from typing import Any
 
-from webhook import logsetup
+from common import logsetup
 from webhook.serve import ReloadingTLS, checked
 
 # Every setting and file is checked here, before gunicorn binds; the address is only bound for a trial by
@@ -110,8 +110,8 @@ def when_ready(server: Any) -> None:
 
 
 def post_worker_init(worker: Any) -> None:
-    """The worker has loaded the app: full collections skip everything it made so far (webhook/heap.py)."""
-    from webhook import heap
+    """The worker has loaded the app: full collections skip everything it made so far (common/heap.py)."""
+    from common import heap
 
     heap.freeze_start_up()
 

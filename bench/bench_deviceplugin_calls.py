@@ -5,7 +5,7 @@ The real plugin (deviceplugin.main.Plugin, its kubernetes-client adapter and pod
 server of tests/sim over HTTPS, which here waits 1-5 ms (uniform) before answering each request, and against the
 test kubelet over real unix sockets (PodResources Get on, as in Kubernetes 1.34). The API server runs in a process
 of its own, as in a cluster: the plugin's process holds what a plugin's does, plus the test kubelet and this
-client, and freezes its start-up heap as the plugin's run() does (webhook/heap.py). The node is filled with running,
+client, and freezes its start-up heap as the plugin's run() does (common/heap.py). The node is filled with running,
 allocated pods; then new pods are created one at a time and the kubelet's calls for each are timed: Allocate (its
 GetPreferredAllocation not counted) and PreStartContainer (resolution, validation, a GET and a PATCH of the pod).
 Baselines measured in the same run: GetDevicePluginOptions (a gRPC round trip that decides nothing) and a GET of a
@@ -29,6 +29,7 @@ from typing import Any
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
+from common import heap
 from deviceplugin.api import deviceplugin_pb2 as pb
 from deviceplugin.inventory import fake_gpus
 from deviceplugin.main import Plugin
@@ -37,7 +38,6 @@ from deviceplugin.settings import settings_from
 from tests.deviceplugin.fakes import assign, spec_pod, stamped
 from tests.deviceplugin.kubelet_sim import TestKubelet
 from tests.sim.client import SimClient
-from webhook import heap
 from webhook.protocol import ASSIGNED, Allocation, ContainerSlot, Contract
 
 NODE = "bench-node"

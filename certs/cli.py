@@ -13,7 +13,7 @@ from typing import Any
 
 from certs import commands
 from certs.build import DEFAULT_NAMESPACE, DEFAULT_SERVICE, DEV_HOSTS, SECRET_FILES, dev_bundle
-from webhook import cli
+from common import cli
 
 VARIABLES = (
     cli.Variable("KUBECONFIG", "~/.kube/config", "install, rotate, signing-key: the kubeconfig when --kubeconfig is "

@@ -28,6 +28,8 @@ from types import FrameType
 import grpc
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
+from common import cli, heap, logsetup
+from common.settings import SettingsError
 from deviceplugin import settings as plugin_settings
 from deviceplugin.apiserver import ApiServer, ApiServerError, KubeApiServer
 from deviceplugin.cdi import CdiStore
@@ -38,8 +40,6 @@ from deviceplugin.owners import Holdings
 from deviceplugin.server import OPTIONS, DevicePluginServicer, serve
 from deviceplugin.service import Service
 from deviceplugin.settings import PLUGIN_VARIABLES, PluginSettings
-from webhook import cli, heap, logsetup
-from webhook.settings import SettingsError
 from webhook.signing import SigningKeyError, load_public_key
 
 log = logging.getLogger(__name__)
@@ -223,7 +223,7 @@ def run(settings: PluginSettings, stop_event: threading.Event) -> int:
         log.error("The device plugin cannot start: %s.", " ".join(str(exc).split()))
         plugin.stop()
         return 2
-    heap.freeze_start_up()  # full collections now skip everything start-up made (webhook/heap.py)
+    heap.freeze_start_up()  # full collections now skip everything start-up made (common/heap.py)
     try:
         stop_event.wait()
     finally:

@@ -10,12 +10,12 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from common.metricsserver import MetricsServer as Listener
+from common.settings import SettingsError
 from deviceplugin.apiserver import ApiServer, ApiServerError, Conflict, PodListener
 from deviceplugin.inventory import Inventory
 from deviceplugin.trust import Context
 from deviceplugin.usage import holding_of, node_usage, recorded_pin
-from webhook.metricsserver import MetricsServer as Listener
-from webhook.settings import SettingsError
 
 log = logging.getLogger(__name__)
 
@@ -182,7 +182,7 @@ class MeteredApiServer:
 
 class MetricsServer:
     """GET /metrics over plain HTTP (GPUSHARE_METRICS_BIND), with bounded threads and connections
-    (webhook/metricsserver.py)."""
+    (common/metricsserver.py)."""
 
     def __init__(self, bind: tuple[str, int], registry: CollectorRegistry) -> None:
         host, port = bind

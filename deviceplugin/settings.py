@@ -7,19 +7,18 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from webhook.cli import Variable
-from webhook.protocol import Contract
-from webhook.settings import (
-    CONTRACT_VARIABLES,
+from common.cli import Variable
+from common.settings import (
     LOG_VARIABLES,
     SettingsError,
-    contract_from,
     env_parsed,
     env_value,
     log_settings,
     metrics_address,
     positive_int,
 )
+from webhook.protocol import Contract
+from webhook.settings import CONTRACT_VARIABLES, contract_from
 
 DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 DEFAULT_POD_RESOURCES = "/var/lib/kubelet/pod-resources/kubelet.sock"

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from webhook.settings import SettingsError
+from common.settings import SettingsError
 
 KUBERNETES_VERSION = "v1.34.4"  # the last minor that still runs on cgroup v1 without a flag
 CONTAINERD_VERSION = "v2.1.9"  # CDI (cdi_devices) needs containerd >= 1.7

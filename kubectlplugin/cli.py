@@ -9,12 +9,13 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from common import cli
+from common.cli import Variable
+from common.escape import printable
+from common.settings import SettingsError
 from kubectlplugin import cluster, model, render
-from webhook import cli
-from webhook.cli import Variable
-from webhook.escape import printable
 from webhook.protocol import DEFAULT_PREFIX, DEFAULT_RESOURCE, Contract, ProtocolError
-from webhook.settings import SettingsError, contract_from
+from webhook.settings import contract_from
 
 PROG = "kubectl-gpushare"
 USAGE = "kubectl gpushare [NODE ...] [-d] [-o {table,json}] [--kubeconfig PATH] [--context NAME] [-n NAMESPACE | -A]"

@@ -11,8 +11,8 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from common.escape import printable
 from kubectlplugin.model import GpuRow, PodRow, Report
-from webhook.escape import printable
 
 NONE = "-"
 

@@ -19,7 +19,7 @@ from webhook.envrules import COMPAT_PREFIX
 
 ROOT = Path(__file__).resolve().parents[1]
 # The hand-written programs that ship in the image (charts/ is the chart generator, run from a checkout).
-PRODUCT = ("webhook", "deviceplugin", "kubectlplugin", "certs")
+PRODUCT = ("common", "webhook", "deviceplugin", "kubectlplugin", "certs")
 # Everything else the import graph spans: the generator, the tiers' harness, the benchmarks and the tests.
 TOP_LEVEL = (*PRODUCT, "charts", "e2e", "bench", "tests")
 MAX_LINES = 350

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from certs.cli import VARIABLES as CERTS_VARIABLES
+from common.cli import Variable
 from deviceplugin.settings import PLUGIN_VARIABLES
 from kubectlplugin.cli import VARIABLES as KUBECTL_PLUGIN_VARIABLES
-from webhook.cli import Variable
 
 pytestmark = pytest.mark.timeout(60)
 

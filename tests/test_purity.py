@@ -10,6 +10,8 @@ import sys
 import pytest
 
 PURE = [
+    "common.settings",
+    "common.escape",
     "webhook.protocol",
     "webhook.signing",
     "webhook.review",

@@ -18,7 +18,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from flask import Flask, Response, request
 from werkzeug.exceptions import RequestEntityTooLarge
 
-from webhook import logsetup, signing
+from common import logsetup
+from webhook import signing
 from webhook.metrics import WebhookMetrics
 from webhook.mutate import NoSigningKey, Patch, mutate, mutate_update
 from webhook.protocol import read_annotations

@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, mult
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from webhook.metricsserver import MetricsServer as Listener
+from common.metricsserver import MetricsServer as Listener
 from webhook.validate import REASONS
 
 log = logging.getLogger(__name__)
@@ -204,7 +204,7 @@ class CertificateExpiry(Collector):
 
 class MetricsServer:
     """/metrics over plain HTTP in the arbiter: every worker's samples plus the certificate's expiry, served with
-    bounded threads and connections (webhook/metricsserver.py)."""
+    bounded threads and connections (common/metricsserver.py)."""
 
     def __init__(self, bind: tuple[str, int], multiproc_dir: str, cert_path: str) -> None:
         self.registry = CollectorRegistry()

@@ -15,9 +15,11 @@ from typing import Any
 
 from gunicorn.glogging import Logger
 
-from webhook import cli, preflight
-from webhook.logsetup import FIELDS
-from webhook.settings import WEBHOOK_VARIABLES, Settings, SettingsError, settings_from
+from common import cli
+from common.logsetup import FIELDS
+from common.settings import SettingsError
+from webhook import preflight
+from webhook.settings import WEBHOOK_VARIABLES, Settings, settings_from
 
 log = logging.getLogger(__name__)
 

@@ -5,19 +5,23 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TypeVar
 
-from webhook.cli import Variable
-from webhook.logsetup import LOG_FORMATS
+from common.cli import Variable
+from common.settings import (
+    LOG_VARIABLES,
+    SettingsError,
+    env_parsed,
+    env_value,
+    log_settings,
+    metrics_address,
+    positive_int,
+)
 from webhook.protocol import DEFAULT_PREFIX, DEFAULT_RESOURCE, Contract, ProtocolError
-
-T = TypeVar("T")
 
 DEFAULT_EXTENDER = "system:serviceaccount:kube-system:gpushare-schd-extender"
 DEFAULT_PLUGIN = "system:serviceaccount:gpushare-system:gpushare-device-plugin"
-LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 _LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
 _HOST_NAME = re.compile(rf"^(?=.{{1,253}}$){_LABEL}(\.{_LABEL})*$")
 
@@ -38,10 +42,6 @@ CONTRACT_VARIABLES = (
     Variable("GPUSHARE_DELIVERY", "env", "env or cdi; the same on the webhook and every plugin"),
     Variable("GPUSHARE_PLACEMENT", "extender", "extender, or node (cdi only): the plugin picks the GPU, best fit; "
              "the same on the webhook and every plugin"),
-)
-LOG_VARIABLES = (
-    Variable("GPUSHARE_LOG_LEVEL", "INFO", "DEBUG, INFO, WARNING or ERROR"),
-    Variable("GPUSHARE_LOG_FORMAT", "text", "text, or json for one JSON object per line"),
 )
 WEBHOOK_VARIABLES = (
     *CONTRACT_VARIABLES,
@@ -66,29 +66,6 @@ WEBHOOK_VARIABLES = (
 )
 
 
-class SettingsError(ValueError):
-    """A bad environment variable; the text names the variable and the accepted values."""
-
-
-def env_value(env: Mapping[str, str], name: str, default: str) -> str:
-    return env.get(name, default).strip()
-
-
-def env_parsed(env: Mapping[str, str], name: str, default: str, parse: Callable[[str], T], accepted: str) -> T:
-    raw = env_value(env, name, default)
-    try:
-        return parse(raw)
-    except (ValueError, ProtocolError) as exc:
-        raise SettingsError(f"{name}={raw!r} is not valid: {exc}; expected {accepted}") from exc
-
-
-def positive_int(text: str) -> int:
-    value = int(text)
-    if value <= 0:
-        raise ValueError("must be greater than zero")
-    return value
-
-
 def non_negative_int(text: str) -> int:
     value = int(text)
     if value < 0:
@@ -101,16 +78,6 @@ def deadline_seconds(text: str) -> float:
     if not 0 < value <= 30:  # the API server's longest webhook timeoutSeconds
         raise ValueError("must be more than 0 and at most 30")
     return value
-
-
-def metrics_address(text: str) -> tuple[str, int] | None:
-    """`host:port` (`[::]:port` for IPv6) of a plain-HTTP /metrics listener; empty turns it off."""
-    if not text:
-        return None
-    host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or int(port) > 65535:
-        raise ValueError("give host:port, such as 0.0.0.0:9102")
-    return host.strip("[]") or "0.0.0.0", int(port)
 
 
 def identity_list(text: str) -> tuple[str, ...]:
@@ -143,17 +110,6 @@ def bind_address(text: str) -> tuple[str, int]:
     if not _HOST_NAME.match(host):
         raise ValueError(f"{host!r} is not an IP address or a host name (an IPv6 address goes in brackets)")
     return host, int(port_text)
-
-
-def log_settings(env: Mapping[str, str]) -> tuple[str, str]:
-    """(GPUSHARE_LOG_LEVEL, GPUSHARE_LOG_FORMAT), shared by every program."""
-    log_level = env_value(env, "GPUSHARE_LOG_LEVEL", "INFO").upper()
-    if log_level not in LOG_LEVELS:
-        raise SettingsError(f"GPUSHARE_LOG_LEVEL={log_level!r} is not valid; expected DEBUG, INFO, WARNING or ERROR")
-    log_format = env_value(env, "GPUSHARE_LOG_FORMAT", "text").lower()
-    if log_format not in LOG_FORMATS:
-        raise SettingsError(f"GPUSHARE_LOG_FORMAT={log_format!r} is not valid; expected text or json")
-    return log_level, log_format
 
 
 def contract_from(env: Mapping[str, str]) -> Contract:

@@ -35,7 +35,7 @@ from typing import Any
 from gunicorn import sock as gunicorn_sock
 from gunicorn.workers import base
 
-from webhook import http1
+from common import http1
 from webhook.acceptshare import Shares
 from webhook.connections import Conn, Connections, Reader
 from webhook.connlimits import State

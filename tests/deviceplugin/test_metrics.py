@@ -15,11 +15,11 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.parser import text_string_to_metric_families
 
+from common.settings import SettingsError
 from deviceplugin.main import Plugin
 from deviceplugin.metrics import CALLS, OUTCOMES, REASONS, MetricsServer
 from tests.deviceplugin.fakes import FakeApiServer, assign, plugin_settings
 from tests.deviceplugin.rig import Rig, make_rig
-from webhook.settings import SettingsError
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from common.cli import Variable
 from deviceplugin import settings
 from deviceplugin.main import FLAGS
 from deviceplugin.settings import PLUGIN_VARIABLES
-from webhook.cli import Variable
 from webhook.signing import public_pem
 
 pytestmark = pytest.mark.timeout(120)

@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 
+from common.settings import SettingsError
 from deviceplugin import delivery
 from deviceplugin.cdi import CdiStore
 from deviceplugin.inventory import HEALTHY, UNHEALTHY, Gpu, Inventory, InventoryError, fake_gpus, load_inventory
 from deviceplugin.settings import settings_from
 from webhook.envrules import expected_env
-from webhook.settings import SettingsError
 
 BASE = {"GPUSHARE_NODE_NAME": "node-a"}
 

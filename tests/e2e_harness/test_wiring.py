@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 import yaml
 
+from common.settings import SettingsError
 from e2e import gpushare, node, procs, toolchain
 from e2e.settings import E2eSettings, from_environ, requested
-from webhook.settings import SettingsError
 
 
 @pytest.mark.parametrize(("value", "message"), [("x", "is not a port number"), ("80", "between 1024 and 65000")])

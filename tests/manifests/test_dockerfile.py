@@ -116,8 +116,8 @@ def test_image_carries_every_entry_point() -> None:
     assert cmd == ['["gpushare-webhook"]']
 
 
-@pytest.mark.parametrize("path", ["pyproject.toml", "README.md", "LICENSE", "gunicorn.conf.py", "webhook/",
-                                  "deviceplugin/", "certs/"])
+@pytest.mark.parametrize("path", ["pyproject.toml", "README.md", "LICENSE", "gunicorn.conf.py", "common/",
+                                  "webhook/", "deviceplugin/", "certs/", "kubectlplugin/"])
 def test_dockerignore_keeps_what_the_build_copies(path: str) -> None:
     lines = [ln.strip() for ln in (ROOT / ".dockerignore").read_text().splitlines()]
     rules = [ln for ln in lines if ln and not ln.startswith("#")]

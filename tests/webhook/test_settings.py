@@ -7,15 +7,14 @@ import re
 
 import pytest
 
+from common.cli import Variable
+from common.settings import SettingsError, log_settings
 from webhook import serve
-from webhook.cli import Variable
 from webhook.settings import (
     DEFAULT_EXTENDER,
     DEFAULT_PLUGIN,
     WEBHOOK_VARIABLES,
-    SettingsError,
     contract_from,
-    log_settings,
     settings_from,
 )
 

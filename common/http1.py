@@ -1,4 +1,4 @@
-"""HTTP/1.1 for the webhook's front: read a whole request under deadlines, build its WSGI environ, frame answers."""
+"""HTTP/1.1 for the webhook's front and /metrics: read requests under deadlines, build WSGI environs, frame answers."""
 
 from __future__ import annotations
 

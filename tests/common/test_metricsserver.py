@@ -13,8 +13,8 @@ from collections.abc import Iterator
 import pytest
 from prometheus_client import CollectorRegistry, Counter
 
+from common.metricsserver import MetricsServer
 from tests.support.stalled_clients import close_all, closed_by_server, still_open
-from webhook.metricsserver import MetricsServer
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -1,4 +1,4 @@
-"""webhook.heap: start-up objects frozen, start-up garbage collected first."""
+"""common.heap: start-up objects frozen, start-up garbage collected first."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from webhook import heap
+from common import heap
 
 
 class Node:

@@ -12,7 +12,7 @@ import logging
 import sys
 from typing import Any, TextIO
 
-from webhook.escape import json_printable, printable
+from common.escape import json_printable, printable
 
 LOG_FORMATS = ("text", "json")
 TEXT_FORMAT = "%(asctime)s %(levelname)s [%(process)d] %(name)s: %(message)s"

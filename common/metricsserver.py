@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from prometheus_client import make_wsgi_app
 from prometheus_client.registry import Collector
 
-from webhook import http1
+from common import http1
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,1 @@
+"""What every gpushare program shares: the command line, logging, settings plumbing, the heap, /metrics."""

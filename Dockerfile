@@ -14,6 +14,7 @@ ENV PIP_NO_CACHE_DIR=1 \
 RUN python -m venv /opt/venv
 COPY pyproject.toml README.md LICENSE gunicorn.conf.py /app/
 COPY common /app/common
+COPY contract /app/contract
 COPY webhook /app/webhook
 COPY deviceplugin /app/deviceplugin
 COPY certs /app/certs

@@ -30,6 +30,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from common import heap
+from contract import ASSIGNED, Allocation, ContainerSlot, Contract
 from deviceplugin.api import deviceplugin_pb2 as pb
 from deviceplugin.inventory import fake_gpus
 from deviceplugin.main import Plugin
@@ -38,7 +39,6 @@ from deviceplugin.settings import settings_from
 from tests.deviceplugin.fakes import assign, spec_pod, stamped
 from tests.deviceplugin.kubelet_sim import TestKubelet
 from tests.sim.client import SimClient
-from webhook.protocol import ASSIGNED, Allocation, ContainerSlot, Contract
 
 NODE = "bench-node"
 GPUS = "8x128GiB"

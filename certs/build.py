@@ -13,7 +13,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from webhook.signing import private_pem, public_pem
+from contract.signing import private_pem, public_pem
 
 DEFAULT_SERVICE = "gpushare-webhook"
 DEFAULT_NAMESPACE = "gpushare-system"

@@ -13,7 +13,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from certs.build import DEFAULT_NAMESPACE, DEFAULT_SERVICE, Issued, service_hosts
-from webhook.signing import SigningKeyError, load_private_key, private_pem, public_pem
+from contract.signing import SigningKeyError, load_private_key, private_pem, public_pem
 
 TLS_SECRET = "gpushare-webhook-tls"
 CA_SECRET = "gpushare-webhook-ca"

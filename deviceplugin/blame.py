@@ -11,17 +11,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from contract import IDX, ProtocolError, demand_of, parse_allocation, parse_assignment, pod_ref, read_annotations
 from deviceplugin.trust import Context, Refusal, stamped_intent
 from deviceplugin.usage import live_on_node
-from webhook.protocol import (
-    IDX,
-    ProtocolError,
-    demand_of,
-    parse_allocation,
-    parse_assignment,
-    pod_ref,
-    read_annotations,
-)
 
 
 def waiting_pods(pods: Sequence[Mapping[str, Any]], units: int, ctx: Context) -> list[Mapping[str, Any]]:

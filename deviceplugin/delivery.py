@@ -6,9 +6,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from contract import ENV_CONTAINER, ENV_DEV, ENV_IDX, ENV_POD, ENV_VISIBLE, RESERVED_ENV
+from contract.env import expected_env
 from deviceplugin.inventory import Gpu
-from webhook.envrules import expected_env
-from webhook.protocol import ENV_CONTAINER, ENV_DEV, ENV_IDX, ENV_POD, ENV_VISIBLE, RESERVED_ENV
 
 SLOT_ENV = "GPUSHARE_SLOT"
 CDI_VERSION = "0.6.0"

@@ -15,9 +15,9 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from contract import pod_ref
 from deviceplugin.eventqueue import Post
 from deviceplugin.metrics import PluginMetrics
-from webhook.protocol import pod_ref
 
 log = logging.getLogger(__name__)
 

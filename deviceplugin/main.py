@@ -30,6 +30,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from common import cli, heap, logsetup
 from common.settings import SettingsError
+from contract.signing import SigningKeyError, load_public_key
 from deviceplugin import settings as plugin_settings
 from deviceplugin.apiserver import ApiServer, ApiServerError, KubeApiServer
 from deviceplugin.cdi import CdiStore
@@ -40,7 +41,6 @@ from deviceplugin.owners import Holdings
 from deviceplugin.server import OPTIONS, DevicePluginServicer, serve
 from deviceplugin.service import Service
 from deviceplugin.settings import PLUGIN_VARIABLES, PluginSettings
-from webhook.signing import SigningKeyError, load_public_key
 
 log = logging.getLogger(__name__)
 

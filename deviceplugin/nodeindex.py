@@ -8,10 +8,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from contract import pod_ref
 from deviceplugin.resolve import Offer, allocation_offer
 from deviceplugin.trust import Context
 from deviceplugin.usage import Holder, holding_of
-from webhook.protocol import pod_ref
 
 
 @dataclass(frozen=True)

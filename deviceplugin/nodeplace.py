@@ -8,12 +8,12 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from contract import IDX, Intent, pod_ref
 from deviceplugin.apiserver import ApiServer
 from deviceplugin.inventory import Inventory
 from deviceplugin.placement import best_fit, placement_annotations
 from deviceplugin.trust import Context, Refusal
 from deviceplugin.usage import Holder, node_usage
-from webhook.protocol import IDX, Intent, pod_ref
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ import threading
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
-from webhook.protocol import IDX
+from contract import IDX
 
 
 @dataclass(frozen=True)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
+from contract import Assignment, Intent
 from deviceplugin.inventory import Gpu
-from webhook.protocol import Assignment, Intent
 
 
 def best_fit(gpus: Sequence[Gpu], used: Mapping[int, int], need: int, healthy: Callable[[int], bool]) -> Gpu | None:

@@ -8,13 +8,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from deviceplugin.inventory import Gpu
-from deviceplugin.pins import moved
-from deviceplugin.room import deleting_refusal, room_refusal
-from deviceplugin.trust import Context, Refusal, stamped_intent
-from deviceplugin.usage import Holder, live_on_node, node_usage
-from webhook.holding import terminating
-from webhook.protocol import (
+from contract import (
     ASSIGNED,
     DEV,
     IDX,
@@ -31,6 +25,12 @@ from webhook.protocol import (
     pod_ref,
     read_annotations,
 )
+from contract.holding import terminating
+from deviceplugin.inventory import Gpu
+from deviceplugin.pins import moved
+from deviceplugin.room import deleting_refusal, room_refusal
+from deviceplugin.trust import Context, Refusal, stamped_intent
+from deviceplugin.usage import Holder, live_on_node, node_usage
 
 
 def slot_of(device_ids: Iterable[str]) -> str:

@@ -13,6 +13,7 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
+from contract import IDX, pod_ref
 from deviceplugin import delivery
 from deviceplugin.apiserver import ApiServer, ApiServerError, Conflict
 from deviceplugin.blame import allocate_refusal, waiting_pods
@@ -31,7 +32,6 @@ from deviceplugin.resolve import Accepted, NeedsPlacement, Owner, allocation_can
 from deviceplugin.settings import PluginSettings
 from deviceplugin.trust import Context, Refusal
 from deviceplugin.usage import recorded_pin
-from webhook.protocol import IDX, pod_ref
 
 log = logging.getLogger(__name__)
 

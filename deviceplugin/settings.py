@@ -17,8 +17,7 @@ from common.settings import (
     metrics_address,
     positive_int,
 )
-from webhook.protocol import Contract
-from webhook.settings import CONTRACT_VARIABLES, contract_from
+from contract import CONTRACT_VARIABLES, Contract, contract_from
 
 DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 DEFAULT_POD_RESOURCES = "/var/lib/kubelet/pod-resources/kubelet.sock"

@@ -10,10 +10,9 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
+from contract import Contract, Intent, ProtocolError, intent_mismatch, parse_intent, pod_ref, read_annotations, signing
 from deviceplugin.inventory import Gpu
 from deviceplugin.pins import Pins
-from webhook import signing
-from webhook.protocol import Contract, Intent, ProtocolError, intent_mismatch, parse_intent, pod_ref, read_annotations
 
 log = logging.getLogger(__name__)
 

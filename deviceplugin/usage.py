@@ -7,18 +7,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from contract import IDX, Intent, ProtocolError, parse_allocation, parse_assignment, pod_ref, read_annotations
+from contract.holding import finished, still_running, terminating
 from deviceplugin.pins import Pin
 from deviceplugin.trust import Context, Refusal
-from webhook.holding import finished, still_running, terminating
-from webhook.protocol import (
-    IDX,
-    Intent,
-    ProtocolError,
-    parse_allocation,
-    parse_assignment,
-    pod_ref,
-    read_annotations,
-)
 
 
 def live_on_node(pod: Mapping[str, Any], node_name: str) -> bool:
@@ -67,7 +59,7 @@ def node_usage(pods: Sequence[Mapping[str, Any]], ctx: Context, exclude_uid: str
 def holding_of(pod: Mapping[str, Any], uid: str, ctx: Context) -> tuple[int, Holder] | None:
     """(GPU index, what it holds there) for a believed pod of this node that still holds its memory, else None.
 
-    The scheduler extender frees a pod's memory as soon as the pod is deleted (webhook/holding.py), so a pod being
+    The scheduler extender frees a pod's memory as soon as the pod is deleted (contract/holding.py), so a pod being
     deleted counts only while one of its GPU-share containers may still run: its status shows it running, or this
     plugin delivered it (the allocation record lists it; a pinned pod without a readable record: any of them) and
     its status does not show it terminated yet."""

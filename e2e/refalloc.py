@@ -23,8 +23,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from contract import ASSIGNED, ASSUME_TIME, IDX, ProtocolError, container_units
 from deviceplugin.inventory import Gpu
-from webhook.protocol import ASSIGNED, ASSUME_TIME, IDX, ProtocolError, container_units
 
 Pod = dict[str, Any]
 

@@ -13,9 +13,8 @@ from common import cli
 from common.cli import Variable
 from common.escape import printable
 from common.settings import SettingsError
+from contract import DEFAULT_PREFIX, DEFAULT_RESOURCE, Contract, ProtocolError, contract_from
 from kubectlplugin import cluster, model, render
-from webhook.protocol import DEFAULT_PREFIX, DEFAULT_RESOURCE, Contract, ProtocolError
-from webhook.settings import contract_from
 
 PROG = "kubectl-gpushare"
 USAGE = "kubectl gpushare [NODE ...] [-d] [-o {table,json}] [--kubeconfig PATH] [--context NAME] [-n NAMESPACE | -A]"

@@ -12,7 +12,7 @@ import datetime
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
-from webhook.protocol import ASSUME_TIME, ProtocolError, int_annotation, read_annotations
+from contract import ASSUME_TIME, ProtocolError, int_annotation, read_annotations
 
 Obj = Mapping[str, Any]
 

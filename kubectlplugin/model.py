@@ -11,9 +11,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from kubectlplugin.events import by_pod, plugin_refusal
-from webhook.holding import holds_memory, still_running, terminating
-from webhook.protocol import (
+from contract import (
     DEV,
     IDX,
     POD,
@@ -28,6 +26,8 @@ from webhook.protocol import (
     parse_units,
     read_annotations,
 )
+from contract.holding import holds_memory, still_running, terminating
+from kubectlplugin.events import by_pod, plugin_refusal
 
 Obj = Mapping[str, Any]
 
@@ -208,7 +208,7 @@ def _read(pod: Obj, contract: Contract) -> _Read | None:
 
 
 def _deleting(pod: Obj, read: _Read) -> str:
-    """Why a pod being deleted holds its units, or why it holds none (webhook/holding.py)."""
+    """Why a pod being deleted holds its units, or why it holds none (contract/holding.py)."""
     running = still_running(pod, [c.name for c in read.containers], read.delivered)
     if running:
         them = "containers" if len(running) > 1 else "container"

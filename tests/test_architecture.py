@@ -14,18 +14,17 @@ from pathlib import Path
 
 import pytest
 
-from webhook import protocol
-from webhook.envrules import COMPAT_PREFIX
+from contract import Contract, keys
 
 ROOT = Path(__file__).resolve().parents[1]
 # The hand-written programs that ship in the image (charts/ is the chart generator, run from a checkout).
-PRODUCT = ("common", "webhook", "deviceplugin", "kubectlplugin", "certs")
+PRODUCT = ("common", "contract", "webhook", "deviceplugin", "kubectlplugin", "certs")
 # Everything else the import graph spans: the generator, the tiers' harness, the benchmarks and the tests.
 TOP_LEVEL = (*PRODUCT, "charts", "e2e", "bench", "tests")
 MAX_LINES = 350
 WINDOW = 6
 # The one module that spells the reserved key names; everyone else imports them from it.
-KEY_MODULE = "webhook/protocol.py"
+KEY_MODULE = "contract/keys.py"
 
 
 def _files(*folders: str) -> list[Path]:
@@ -83,8 +82,7 @@ def _package_edges() -> dict[tuple[str, str], list[str]]:
 # (a) The device plugin, the kubectl plugin and the certificate tool never import the admission server.
 
 INDEPENDENT = ("deviceplugin", "kubectlplugin", "certs")
-# Today they reach into webhook/ for the shared contract and plumbing, which move to contract/ and common/.
-WEBHOOK_IMPORTS_ALLOWED = {"deviceplugin", "kubectlplugin", "certs"}
+WEBHOOK_IMPORTS_ALLOWED: set[str] = set()
 
 
 @pytest.mark.parametrize("package", INDEPENDENT)
@@ -96,13 +94,21 @@ def test_package_does_not_import_the_webhook(package: str) -> None:
         assert not places, f"{package} imports webhook at {', '.join(places)}; import contract or common instead"
 
 
+# The layers under every program: common imports no other package of ours, the contract only common.
+LAYERS = {"common": set(), "contract": {"common"}}
+
+
+@pytest.mark.parametrize("package", sorted(LAYERS))
+def test_lower_layer_imports_only_what_is_below_it(package: str) -> None:
+    above = {target: places for (source, target), places in _package_edges().items()
+             if source == package and target not in LAYERS[package]}
+    assert not above, f"{package} imports {above}"
+
+
 # ---------------------------------------------------------------------------------------------------------
 # (b) No import cycle between top-level packages.
 
-CYCLES_ALLOWED = {
-    # webhook.serve's prepare_dev builds development certificates with certs; certs signs with webhook.signing.
-    frozenset({"webhook", "certs"}),
-}
+CYCLES_ALLOWED: set[frozenset[str]] = set()
 
 
 def _cycles(edges: set[tuple[str, str]]) -> set[frozenset[str]]:
@@ -164,8 +170,6 @@ def test_no_package_level_import_cycle() -> None:
 # (c) Product modules stay small (STYLE.md rule 8); generated protobuf modules are left out.
 
 LONG_ALLOWED = {
-    # The whole annotation contract in one module; it is split into contract/.
-    "webhook/protocol.py",
     # Admission rules for create and update in one module.
     "webhook/validate.py",
     # The review envelope and the pod's shape checks in one module.
@@ -241,18 +245,15 @@ def test_no_copied_block_in_product_code() -> None:
 
 RESERVED = frozenset(
     {
-        protocol.DEFAULT_RESOURCE,
-        protocol.DEFAULT_PREFIX,
-        COMPAT_PREFIX,
-        *protocol.COMPAT_KEYS,
-        *protocol.RESERVED_ENV,
-        *protocol.Contract().own_keys,
+        keys.DEFAULT_RESOURCE,
+        keys.DEFAULT_PREFIX,
+        keys.COMPAT_PREFIX,
+        *keys.COMPAT_KEYS,
+        *keys.RESERVED_ENV,
+        *Contract().own_keys,
     }
 )
 DEFINITIONS_ALLOWED = {
-    # The compat prefix is defined by the env rules and again by the binding check; it moves to the key module.
-    "webhook/envrules.py:COMPAT_PREFIX",
-    "webhook/binding.py:COMPAT_PREFIX",
     # The real-cluster tier's reference allocator and control loop, and the benchmarks and harness, name the
     # resource and the env keys themselves; they are ported to the key module with the typed contract.
     "e2e/control.py:RESOURCE",

@@ -1,1 +1,1 @@
-"""The admission side of gpushare, and the annotation contract it shares with the device plugin."""
+"""The admission side of gpushare: the mutating and validating webhook server."""

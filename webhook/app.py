@@ -19,10 +19,9 @@ from flask import Flask, Response, request
 from werkzeug.exceptions import RequestEntityTooLarge
 
 from common import logsetup
-from webhook import signing
+from contract import read_annotations, signing
 from webhook.metrics import WebhookMetrics
 from webhook.mutate import NoSigningKey, Patch, mutate, mutate_update
-from webhook.protocol import read_annotations
 from webhook.review import (
     VALIDATED_KINDS,
     MalformedReview,

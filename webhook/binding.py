@@ -3,19 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import Any
 
-from webhook.protocol import ASSIGNED, COMPAT_KEYS, Contract
+from contract import ASSIGNED, COMPAT_KEYS, COMPAT_PREFIX, Contract, is_reserved_annotation
 
 # kube-apiserver copies every annotation of a Binding onto the pod it binds, over the pod's own, and no pods UPDATE
 # rule sees it (pkg/registry/core/pod/storage/storage.go, BindingREST.setPodNodeAndMetadata). The kube-scheduler and
 # the gpushare scheduler extender bind with no annotations at all (the extender writes its placement with a PATCH
 # first: gpushare-scheduler-extender pkg/cache/nodeinfo.go, Allocate).
-COMPAT_PREFIX: Final = "ALIYUN_COM_GPU_MEM_"
 
 
 def reserved_keys(annotations: Mapping[str, str], contract: Contract) -> list[str]:
-    return [k for k in annotations if k.startswith(COMPAT_PREFIX) or k.startswith(contract.prefix)]
+    return [k for k in annotations if is_reserved_annotation(k, contract)]
 
 
 def binding_problems(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from webhook.protocol import Contract, Demand
+from contract import Contract, Demand
 
 _NODE_PLACEMENT = "or use cdi delivery with GPUSHARE_PLACEMENT=node, where the device plugin books the whole pod"
 

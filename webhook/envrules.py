@@ -6,18 +6,13 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from webhook.protocol import (
-    DEV,
-    ENV_CONTAINER,
+from contract import (
     ENV_CUDA_VISIBLE,
-    ENV_DEV,
-    ENV_IDX,
-    ENV_POD,
     ENV_VISIBLE,
-    IDX,
     Contract,
     ProtocolError,
     container_units,
+    is_reserved_annotation,
 )
 
 # The NVIDIA container runtime reads NVIDIA_VISIBLE_DEVICES=void as "no GPU and no driver" (nvidia-container-toolkit,
@@ -48,37 +43,11 @@ DEVICE_ENV: Final = (ENV_VISIBLE, ENV_LEGACY, *ENV_SELECTING)
 # (nvidia-container-toolkit, internal/config/image/cuda_image.go, DeviceListAsVolumeMountsRoot).
 DEVICE_LIST_ROOT: Final = "/var/run/nvidia-container-devices"
 DEVICE_LIST_DIR: Final = "nvidia-container-devices"
-COMPAT_PREFIX: Final = "ALIYUN_COM_GPU_MEM_"
 # Kinds of containers in spec order; ephemeral containers can have no resources (pkg/apis/core/validation), so
 # they are never GPU-share containers.
 KINDS: Final = ("initContainers", "containers", "ephemeralContainers")
 _KIND_WORD: Final = {"initContainers": "init container", "containers": "container",
                      "ephemeralContainers": "ephemeral container"}
-
-
-def annotation_ref(key: str) -> dict[str, Any]:
-    # apiVersion "v1" is what the API server defaults a fieldRef to; writing it keeps the stored pod equal to
-    # expected_env, so the validator and the device plugin can compare definitions exactly.
-    return {"valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": f"metadata.annotations['{key}']"}}}
-
-
-def expected_env(container_units: int, intent_total: int) -> list[dict[str, Any]]:
-    """The env entries a GPU-share container gets in `env` delivery mode, in injection order.
-
-    NVIDIA_VISIBLE_DEVICES and the index/device variables come from the pod's own annotations through the
-    downward API, which kubelet resolves at each container creation (after the extender wrote them).
-    """
-    return [
-        {"name": ENV_VISIBLE, **annotation_ref(IDX)},
-        {"name": ENV_IDX, **annotation_ref(IDX)},
-        {"name": ENV_DEV, **annotation_ref(DEV)},
-        {"name": ENV_CONTAINER, "value": str(container_units)},
-        {"name": ENV_POD, "value": str(intent_total)},
-    ]
-
-
-def is_reserved_annotation(key: str, contract: Contract) -> bool:
-    return key.startswith(COMPAT_PREFIX) or key.startswith(contract.prefix)
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ import re
 from collections.abc import Mapping
 from typing import Any, Final
 
-from webhook.protocol import ASSIGNED, COMPAT_KEYS, Contract
+from contract import ASSIGNED, COMPAT_KEYS, Contract
 
 Pod = Mapping[str, Any]
 

@@ -8,18 +8,7 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from webhook import signing
-from webhook.envrules import (
-    NEUTRAL_ENV,
-    Slot,
-    expected_env,
-    is_foreign_gpu,
-    is_neutral,
-    needs_void,
-    new_ephemeral,
-    slots,
-)
-from webhook.protocol import (
+from contract import (
     Contract,
     Demand,
     Intent,
@@ -31,7 +20,10 @@ from webhook.protocol import (
     parse_intent,
     pod_ref,
     read_annotations,
+    signing,
 )
+from contract.env import expected_env
+from webhook.envrules import NEUTRAL_ENV, Slot, is_foreign_gpu, is_neutral, needs_void, new_ephemeral, slots
 
 log = logging.getLogger(__name__)
 

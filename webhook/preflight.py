@@ -10,8 +10,8 @@ from pathlib import Path
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
+from contract.signing import SigningKeyError, load_private_key
 from webhook.settings import Settings, bind_address
-from webhook.signing import SigningKeyError, load_private_key
 
 DEV_HINT = "or, for development, run `gpushare-webhook --dev`"
 TLS_SECRET = "the gpushare-webhook-tls Secret"

@@ -11,14 +11,13 @@ from dataclasses import dataclass
 from common.cli import Variable
 from common.settings import (
     LOG_VARIABLES,
-    SettingsError,
     env_parsed,
     env_value,
     log_settings,
     metrics_address,
     positive_int,
 )
-from webhook.protocol import DEFAULT_PREFIX, DEFAULT_RESOURCE, Contract, ProtocolError
+from contract import CONTRACT_VARIABLES, Contract, contract_from
 
 DEFAULT_EXTENDER = "system:serviceaccount:kube-system:gpushare-schd-extender"
 DEFAULT_PLUGIN = "system:serviceaccount:gpushare-system:gpushare-device-plugin"
@@ -35,14 +34,6 @@ _HOST_NAME = re.compile(rf"^(?=.{{1,253}}$){_LABEL}(\.{_LABEL})*$")
 DEFAULT_PER_CLIENT = "256"
 
 # What --help lists; tests check that each default here is the one settings_from applies.
-CONTRACT_VARIABLES = (
-    Variable("GPUSHARE_RESOURCE_NAME", DEFAULT_RESOURCE, "the shared extended resource"),
-    Variable("GPUSHARE_UNIT", "GiB", "what one unit of it means: GiB or MiB"),
-    Variable("GPUSHARE_ANNOTATION_PREFIX", DEFAULT_PREFIX, "prefix of the gpushare annotations"),
-    Variable("GPUSHARE_DELIVERY", "env", "env or cdi; the same on the webhook and every plugin"),
-    Variable("GPUSHARE_PLACEMENT", "extender", "extender, or node (cdi only): the plugin picks the GPU, best fit; "
-             "the same on the webhook and every plugin"),
-)
 WEBHOOK_VARIABLES = (
     *CONTRACT_VARIABLES,
     Variable("GPUSHARE_TLS_CERT", "/etc/gpushare/tls/tls.crt", "serving certificate (PEM), reloaded when it changes"),
@@ -110,22 +101,6 @@ def bind_address(text: str) -> tuple[str, int]:
     if not _HOST_NAME.match(host):
         raise ValueError(f"{host!r} is not an IP address or a host name (an IPv6 address goes in brackets)")
     return host, int(port_text)
-
-
-def contract_from(env: Mapping[str, str]) -> Contract:
-    """The cluster-wide contract, read the same way by the webhook and the device plugin."""
-    resource = env_value(env, "GPUSHARE_RESOURCE_NAME", DEFAULT_RESOURCE)
-    unit = env_value(env, "GPUSHARE_UNIT", "GiB")
-    prefix = env_value(env, "GPUSHARE_ANNOTATION_PREFIX", DEFAULT_PREFIX)
-    delivery = env_value(env, "GPUSHARE_DELIVERY", "env")
-    placement = env_value(env, "GPUSHARE_PLACEMENT", "extender")
-    try:
-        return Contract(resource=resource, unit=unit, prefix=prefix, delivery=delivery, placement=placement)
-    except ProtocolError as exc:
-        raise SettingsError(
-            f"the GPUSHARE_RESOURCE_NAME / GPUSHARE_UNIT / GPUSHARE_ANNOTATION_PREFIX / GPUSHARE_DELIVERY / "
-            f"GPUSHARE_PLACEMENT settings are inconsistent: {exc}"
-        ) from exc
 
 
 @dataclass(frozen=True)

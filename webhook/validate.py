@@ -8,12 +8,7 @@ from typing import Any, Protocol
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from webhook import signing
-from webhook.binding import binding_problems
-from webhook.booking import booking_problems
-from webhook.envrules import container_problems, expected_env, new_ephemeral, slots
-from webhook.identity import plugin_problems
-from webhook.protocol import (
+from contract import (
     ASSIGNED,
     ASSUME_TIME,
     COMPAT_KEYS,
@@ -32,7 +27,13 @@ from webhook.protocol import (
     parse_assignment,
     parse_intent,
     read_annotations,
+    signing,
 )
+from contract.env import expected_env
+from webhook.binding import binding_problems
+from webhook.booking import booking_problems
+from webhook.envrules import container_problems, new_ephemeral, slots
+from webhook.identity import plugin_problems
 
 Pod = Mapping[str, Any]
 

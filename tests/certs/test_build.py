@@ -13,7 +13,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from certs.build import build_ca, build_serving_cert, build_signing_key, dev_bundle, service_hosts
-from webhook import signing
+from contract import signing
 
 NOW = datetime.datetime(2026, 3, 1, 12, 0, tzinfo=datetime.UTC)
 

@@ -7,10 +7,10 @@ from collections.abc import Iterator
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from contract import Contract
 from deviceplugin.inventory import Inventory, fake_gpus
 from tests.deviceplugin.fakes import NODE, FakeApiServer
 from tests.deviceplugin.rig import Rig, make_rig
-from webhook.protocol import Contract
 
 
 @pytest.fixture

@@ -13,11 +13,11 @@ from typing import Any
 import jsonpatch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from contract import Assignment, Contract, demand_of
 from deviceplugin.apiserver import ApiServerError, Conflict, PodListener
 from deviceplugin.resolve import Holding
 from deviceplugin.settings import PluginSettings, settings_from
 from webhook.mutate import mutate
-from webhook.protocol import Assignment, Contract, demand_of
 
 NODE = "node-a"
 

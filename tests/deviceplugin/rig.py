@@ -10,11 +10,11 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from contract import Contract
 from deviceplugin.inventory import Inventory, fake_gpus
 from deviceplugin.main import Plugin
 from tests.deviceplugin.fakes import NODE, FakeApiServer, assign, plugin_settings, spec_pod, stamped
 from tests.deviceplugin.kubelet_sim import TestKubelet
-from webhook.protocol import Contract
 
 
 @dataclass

@@ -15,11 +15,11 @@ from typing import Any
 import grpc
 import pytest
 
+from contract import IDX, Assignment, parse_allocation
 from deviceplugin.resolve import slot_of
 from tests.deviceplugin.fakes import NODE, spec_pod, stamped
 from tests.deviceplugin.kubelet_sim import Admitted
 from tests.deviceplugin.rig import Rig, make_rig
-from webhook.protocol import IDX, Assignment, parse_allocation
 
 pytestmark = pytest.mark.timeout(120)
 

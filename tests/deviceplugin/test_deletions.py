@@ -10,8 +10,8 @@ from typing import Any
 import grpc
 import pytest
 
+from contract import ASSIGNED, IDX
 from tests.deviceplugin.rig import Rig, make_rig
-from webhook.protocol import ASSIGNED, IDX
 
 pytestmark = pytest.mark.timeout(60)
 

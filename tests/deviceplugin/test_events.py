@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from contract import Contract
 from deviceplugin.apiserver import ApiServerError
 from deviceplugin.events import BURST, EVERY, TokenBuckets
 from deviceplugin.inventory import Inventory
@@ -17,7 +18,6 @@ from deviceplugin.owners import PluginError
 from deviceplugin.resolve import Holding
 from deviceplugin.service import Service
 from tests.deviceplugin.fakes import FakeApiServer, FakeHoldings, assign, plugin_settings, spec_pod, stamped
-from webhook.protocol import Contract
 
 
 class Clock:

@@ -10,10 +10,10 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
+from contract import ASSIGNED, parse_allocation
 from deviceplugin.delivery import FAKE_GPU_MOUNT
 from deviceplugin.resolve import slot_of
 from tests.deviceplugin.rig import Rig, make_rig
-from webhook.protocol import ASSIGNED, parse_allocation
 
 pytestmark = pytest.mark.timeout(60)
 

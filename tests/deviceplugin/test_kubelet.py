@@ -12,11 +12,11 @@ from typing import Any
 import grpc
 import pytest
 
+from contract import ASSIGNED, IDX, Contract, parse_allocation
 from deviceplugin.kubelet import KubeletHoldings, KubeletUnavailable
 from deviceplugin.resolve import slot_of
 from tests.deviceplugin.fakes import NODE, assign, spec_pod, stamped
 from tests.deviceplugin.rig import Rig, make_rig
-from webhook.protocol import ASSIGNED, IDX, Contract, parse_allocation
 
 pytestmark = pytest.mark.timeout(60)
 

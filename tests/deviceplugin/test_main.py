@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from contract.signing import public_pem
 from deviceplugin.main import main, run
 from tests.deviceplugin.fakes import plugin_settings
 from tests.deviceplugin.kube_http import FakeKube, write_kubeconfig
 from tests.deviceplugin.kubelet_sim import TestKubelet
-from webhook.signing import public_pem
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from contract import ASSIGNED, Allocation, ContainerSlot, Contract, signing
 from deviceplugin.eventqueue import EventQueue
 from deviceplugin.inventory import Inventory
 from deviceplugin.nodeindex import NodeIndex
@@ -21,8 +22,6 @@ from deviceplugin.trust import Context
 from deviceplugin.usage import Holder, node_usage
 from tests.deviceplugin.fakes import NODE, assign, spec_pod, stamped
 from tests.deviceplugin.rig import Rig
-from webhook import signing
-from webhook.protocol import ASSIGNED, Allocation, ContainerSlot, Contract
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -11,13 +11,13 @@ from typing import Any
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from contract import DEV, IDX, Contract, parse_allocation
 from deviceplugin.inventory import Inventory
 from deviceplugin.owners import PluginError
 from deviceplugin.pins import Pin, Pins, moved
 from deviceplugin.resolve import Holding
 from deviceplugin.service import Service
 from tests.deviceplugin.fakes import FakeApiServer, FakeHoldings, assign, plugin_settings, spec_pod, stamped
-from webhook.protocol import DEV, IDX, Contract, parse_allocation
 
 PIN = Pin(0, "GPU-a")
 

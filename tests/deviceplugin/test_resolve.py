@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from contract import ASSIGNED, DEV, IDX, POD, Contract, parse_allocation, signing
 from deviceplugin.inventory import Gpu, Inventory
 from deviceplugin.placement import best_fit, preferred_devices
 from deviceplugin.resolve import (
@@ -26,8 +27,6 @@ from deviceplugin.resolve import (
 )
 from deviceplugin.trust import Context, Refusal
 from tests.deviceplugin.fakes import NODE, assign, spec_pod, stamped
-from webhook import signing
-from webhook.protocol import ASSIGNED, DEV, IDX, POD, Contract, parse_allocation
 
 IDS = [f"GPU-x-_-{n}" for n in range(4)]
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from contract import Contract
 from deviceplugin.inventory import Gpu
 from deviceplugin.room import deleting_refusal, room_refusal
 from deviceplugin.trust import Context
 from deviceplugin.usage import Holder
-from webhook.protocol import Contract
 
 GPU = Gpu(0, "GPU-a", 8)
 WHO = "pod team/new (container 'main')"

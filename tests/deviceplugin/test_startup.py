@@ -16,10 +16,10 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from common.cli import Variable
+from contract.signing import public_pem
 from deviceplugin import settings
 from deviceplugin.main import FLAGS
 from deviceplugin.settings import PLUGIN_VARIABLES
-from webhook.signing import public_pem
 
 pytestmark = pytest.mark.timeout(120)
 

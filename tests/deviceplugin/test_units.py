@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 
 from common.settings import SettingsError
+from contract.env import expected_env
 from deviceplugin import delivery
 from deviceplugin.cdi import CdiStore
 from deviceplugin.inventory import HEALTHY, UNHEALTHY, Gpu, Inventory, InventoryError, fake_gpus, load_inventory
 from deviceplugin.settings import settings_from
-from webhook.envrules import expected_env
 
 BASE = {"GPUSHARE_NODE_NAME": "node-a"}
 

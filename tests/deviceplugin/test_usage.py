@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from contract import IDX, POD, Contract, signing
 from deviceplugin.inventory import Inventory
 from deviceplugin.pins import Pin
 from deviceplugin.resolve import Accepted, Holding, validate
@@ -19,8 +20,6 @@ from deviceplugin.service import Service
 from deviceplugin.trust import Context, Refusal
 from deviceplugin.usage import node_usage, recorded_pin
 from tests.deviceplugin.fakes import NODE, FakeApiServer, FakeHoldings, assign, plugin_settings, spec_pod, stamped
-from webhook import signing
-from webhook.protocol import IDX, POD, Contract
 
 IDS = [f"GPU-x-_-{n}" for n in range(4)]
 

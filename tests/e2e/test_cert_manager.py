@@ -24,13 +24,13 @@ from typing import Any
 import pytest
 from cryptography import x509
 
+from contract import Contract
 from e2e import gpushare
 from e2e import settings as ports
 from e2e.cluster import Cluster
 from e2e.kube import Kubectl, KubeError, Rest
 from e2e.pki import kubeconfig
 from tests.e2e import workloads
-from webhook.protocol import Contract
 
 # GPU-share pods here are placed by the reference scheduler extender (skipped, with the reason, without it).
 pytestmark = pytest.mark.usefixtures("needs_extender")

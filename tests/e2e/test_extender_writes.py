@@ -9,10 +9,10 @@ import sys
 
 import pytest
 
+from contract import ASSIGNED, ASSUME_TIME, DEV, IDX, POD
 from e2e import audit
 from e2e.cluster import Cluster
 from e2e.control import EXTENDER_USER
-from webhook.protocol import ASSIGNED, ASSUME_TIME, DEV, IDX, POD
 
 pytestmark = pytest.mark.usefixtures("needs_extender")
 EXTENDER_KEYS = {IDX, DEV, POD, ASSUME_TIME, ASSIGNED}

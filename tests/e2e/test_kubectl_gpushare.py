@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
+from contract import ASSIGNED, IDX, POD
 from e2e.cluster import Cluster
 from e2e.kube import Kubectl, kubectl_path
 from tests.e2e import workloads as w
-from webhook.protocol import ASSIGNED, IDX, POD
 
 # GPU-share pods here are placed by the reference scheduler extender (skipped, with the reason, without it).
 pytestmark = pytest.mark.usefixtures("needs_extender")

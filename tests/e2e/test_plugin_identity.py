@@ -11,11 +11,11 @@ from collections.abc import Iterator
 
 import pytest
 
+from contract import ASSIGNED
 from e2e import gpushare
 from e2e.cluster import Cluster
 from e2e.kube import Kubectl, KubeError, Rest
 from tests.e2e import workloads as w
-from webhook.protocol import ASSIGNED
 
 OTHER = "gpushare-e2e-other-node"  # a Node object without a kubelet: pods bound to it stay Pending
 STRATEGIC = "application/strategic-merge-patch+json"

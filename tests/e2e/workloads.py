@@ -15,13 +15,13 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from contract import IDX, POD
 from deviceplugin.inventory import fake_gpus
 from e2e import settings as ports
 from e2e.cluster import Cluster
 from e2e.images import REPORT
 from e2e.kube import Kubectl
 from e2e.settings import E2eSettings
-from webhook.protocol import IDX, POD
 
 RESOURCE = "aliyun.com/gpu-mem"
 _LINE = re.compile(r"gpushare-e2e container=(?P<container>\S*) visible=(?P<visible>\S*) idx=(?P<idx>\S*) "

@@ -11,13 +11,13 @@ from typing import Any
 import pytest
 import yaml
 
+from contract import ASSIGNED, ASSUME_TIME, IDX
 from deviceplugin.inventory import fake_gpus
 from e2e import audit, extender
 from e2e.control import EXTENDER_USER, scheduler_config
 from e2e.refalloc import decide
 from e2e.refstack import reference_rbac
 from e2e.settings import from_environ
-from webhook.protocol import ASSIGNED, ASSUME_TIME, IDX
 
 GPUS = fake_gpus("2x16GiB", "node-a", "GiB")
 RESOURCE = "aliyun.com/gpu-mem"

@@ -8,19 +8,9 @@ import datetime
 from collections.abc import Mapping
 from typing import Any
 
+from contract import ASSIGNED, DEV, IDX, POD, Allocation, ContainerSlot, Contract, demand_of, intent_for
 from kubectlplugin.events import PLUGIN_COMPONENT
 from kubectlplugin.model import GPU_COUNT
-from webhook.protocol import (
-    ASSIGNED,
-    DEV,
-    IDX,
-    POD,
-    Allocation,
-    ContainerSlot,
-    Contract,
-    demand_of,
-    intent_for,
-)
 
 CONTRACT = Contract()
 RESOURCE = CONTRACT.resource

@@ -13,12 +13,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from contract import ASSIGNED, ASSUME_TIME, DEV, IDX, POD
 from kubectlplugin import render
 from kubectlplugin.events import PLUGIN_COMPONENT
 from kubectlplugin.model import GPU_COUNT, START_FAILURES, build
 from tests.kubectlplugin.fixtures import CONTRACT, RESOURCE, Obj, allocate, assign, pod, stamp
 from tests.webhook.fuzzing import CASES, annotation_values, quantities
-from webhook.protocol import ASSIGNED, ASSUME_TIME, DEV, IDX, POD
 
 pytestmark = pytest.mark.timeout(300)
 FUZZ = settings(max_examples=CASES, deadline=None, derandomize=True,

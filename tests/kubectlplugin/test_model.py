@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from contract import IDX, POD, Contract
 from kubectlplugin.model import GpuRow, PodRow, build, pod_row
 from tests.kubectlplugin.fixtures import (
     CONTRACT,
@@ -22,7 +23,6 @@ from tests.kubectlplugin.fixtures import (
     stamp,
     start_failed,
 )
-from webhook.protocol import IDX, POD, Contract
 
 Obj = dict[str, Any]
 EARLY, LATE = "2026-01-01T10:00:00Z", "2026-01-01T10:00:09Z"

@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 
+from contract import ASSIGNED, IDX, POD
 from kubectlplugin.model import GPU_COUNT
 from tests.kubectlplugin.test_cli import EXECUTABLE
 from tests.sim.cluster import Cluster, ClusterSpec
 from tests.sim.scenario import PodShape, wait_settled
 from tests.support.webhook_server import webhook_server
-from webhook.protocol import ASSIGNED, IDX, POD
 
 pytestmark = [
     pytest.mark.timeout(180),

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
+from contract import DEV, IDX, POD
 from kubectlplugin import cli, cluster, render
 from kubectlplugin.model import GPU_COUNT, build, pod_row
 from tests.kubectlplugin.fixtures import CONTRACT, allocate, assign, event, node, pod, stamp
-from webhook.protocol import DEV, IDX, POD
 
 Obj = dict[str, Any]
 NOW = datetime.datetime.now(datetime.UTC)

@@ -116,10 +116,25 @@ def test_image_carries_every_entry_point() -> None:
     assert cmd == ['["gpushare-webhook"]']
 
 
-@pytest.mark.parametrize("path", ["pyproject.toml", "README.md", "LICENSE", "gunicorn.conf.py", "common/",
+@pytest.mark.parametrize("path", ["pyproject.toml", "README.md", "LICENSE", "gunicorn.conf.py", "common/", "contract/",
                                   "webhook/", "deviceplugin/", "certs/", "kubectlplugin/"])
 def test_dockerignore_keeps_what_the_build_copies(path: str) -> None:
     lines = [ln.strip() for ln in (ROOT / ".dockerignore").read_text().splitlines()]
     rules = [ln for ln in lines if ln and not ln.startswith("#")]
     assert rules[0] == "*", "the context should be an allow-list, so .venv, .git and keys never reach the daemon"
     assert f"!{path}" in rules
+
+
+def test_every_package_is_installed_copied_and_let_into_the_context() -> None:
+    """pyproject's packages, the Dockerfile's COPY lines, .dockerignore's allow-list and the tier's image context
+    name the same packages, so a new package cannot be left out of the image."""
+    from e2e.projectimage import CONTEXT
+
+    include = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
+    packages = {name.removesuffix("*") for name in include}
+    copied = {rest.split()[0] for word, rest in the_stages()[0].instructions
+              if word == "COPY" and not rest.startswith("--") and len(rest.split()) == 2}
+    allowed = {ln.strip()[1:].rstrip("/") for ln in (ROOT / ".dockerignore").read_text().splitlines()
+               if ln.strip().startswith("!") and ln.strip().endswith("/")}
+    in_context = {name for name in CONTEXT if (ROOT / name).is_dir()}
+    assert packages == copied == allowed == in_context

@@ -14,6 +14,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from certs.build import dev_bundle
 from certs.cli import write_files
 from common.settings import metrics_address
+from contract import Contract
 from deviceplugin.inventory import Inventory, fake_gpus
 from deviceplugin.metrics import NodeCollector, PluginMetrics
 from deviceplugin.trust import Context
@@ -28,7 +29,6 @@ from tests.manifests.render import (
     render_with_component,
 )
 from webhook.metrics import CertificateExpiry, WebhookMetrics
-from webhook.protocol import Contract
 
 WORKLOADS = [("Deployment", "gpushare-webhook", "webhook"), ("DaemonSet", "gpushare-device-plugin", "device-plugin")]
 

@@ -13,6 +13,7 @@ import yaml
 from celpy import celtypes
 from celpy.adapter import json_to_cel
 
+from contract import IDX, Contract
 from deviceplugin.apiserver import event_body
 from tests.manifests.render import MANIFESTS
 from tests.webhook.plugin_cases import BINDINGS, PLUGIN_WRITES, binding
@@ -20,7 +21,6 @@ from tests.webhook.pods import EXTENDER, PLUGIN, USER, Pod, annotate, container,
 from tests.webhook.selection_cases import CASES, FORMS, PLACES, Case, request
 from tests.webhook.test_envrules import ATTACKS, HARMLESS, ephemeral, webhook_refusal
 from webhook.envrules import DEVICE_ENV, ENV_SELECTING
-from webhook.protocol import IDX, Contract
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
 
+from contract import DEFAULT_RESOURCE
 from deviceplugin.inventory import fake_gpus
 from tests.sim.apiserver import ApiServer
 from tests.sim.auth import pod_token, service_account, user
@@ -29,7 +30,6 @@ from tests.sim.invariants import Observation
 from tests.sim.kubelet import Kubelet, KubeletConfig
 from tests.sim.ports import Pod, PodApi
 from tests.sim.replicaset import ReplicaSet
-from webhook.protocol import DEFAULT_RESOURCE
 
 log = logging.getLogger(__name__)
 

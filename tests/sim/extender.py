@@ -28,9 +28,7 @@ from concurrent import futures
 from dataclasses import dataclass
 from typing import Any
 
-from deviceplugin.inventory import Gpu
-from tests.sim.ports import ApiError, Pod, PodApi
-from webhook.protocol import (
+from contract import (
     ASSIGNED,
     ASSUME_TIME,
     DEFAULT_RESOURCE,
@@ -42,6 +40,8 @@ from webhook.protocol import (
     parse_assignment,
     read_annotations,
 )
+from deviceplugin.inventory import Gpu
+from tests.sim.ports import ApiError, Pod, PodApi
 
 log = logging.getLogger(__name__)
 

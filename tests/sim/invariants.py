@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from contract import DEFAULT_PREFIX, POD, ProtocolError, parse_allocation, parse_assignment, read_annotations
 from deviceplugin.inventory import Gpu
 from kubectlplugin.events import PLUGIN_COMPONENT
 from tests.sim.kubelet import ContainerRun
 from tests.sim.ports import Pod
-from webhook.protocol import DEFAULT_PREFIX, POD, ProtocolError, parse_allocation, parse_assignment, read_annotations
 
 
 @dataclass(frozen=True)

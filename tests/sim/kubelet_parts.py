@@ -8,9 +8,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from contract import DEFAULT_RESOURCE, ProtocolError, container_units
 from deviceplugin.inventory import Gpu
 from tests.sim.ports import Pod, now_rfc3339
-from webhook.protocol import DEFAULT_RESOURCE, ProtocolError, container_units
 
 
 def _no_delay(pod: Pod) -> float:

@@ -48,7 +48,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 from certs.build import DEV_HOSTS, Issued, build_serving_cert, dev_bundle
 from certs.cli import write_files
-from webhook import signing
+from contract import signing
 
 REPO = Path(__file__).resolve().parents[2]
 HOST = "127.0.0.1"

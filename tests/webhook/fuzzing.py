@@ -11,7 +11,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from webhook.protocol import COMPAT_KEYS, DEFAULT_RESOURCE, Contract
+from contract import COMPAT_KEYS, DEFAULT_RESOURCE, Contract
 
 CASES = int(os.environ.get("GPUSHARE_FUZZ_CASES", "150"))
 RESERVED = (*COMPAT_KEYS, *Contract().own_keys)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from contract import ASSIGNED, IDX, Contract
 from tests.webhook.pods import (
     EXTENDER,
     NODE,
@@ -25,7 +26,6 @@ from tests.webhook.pods import (
     pod,
     stamped,
 )
-from webhook.protocol import ASSIGNED, IDX, Contract
 
 OTHER = "gpu-node-2"
 INTENT = Contract().intent_key

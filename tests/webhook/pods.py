@@ -10,18 +10,8 @@ from typing import Any
 import jsonpatch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from contract import ASSIGNED, ASSUME_TIME, DEFAULT_RESOURCE, DEV, IDX, POD, Allocation, ContainerSlot, Contract
 from webhook.mutate import mutate
-from webhook.protocol import (
-    ASSIGNED,
-    ASSUME_TIME,
-    DEFAULT_RESOURCE,
-    DEV,
-    IDX,
-    POD,
-    Allocation,
-    ContainerSlot,
-    Contract,
-)
 
 RES = DEFAULT_RESOURCE
 NS = "ml"

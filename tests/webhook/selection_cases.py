@@ -15,10 +15,10 @@ from typing import Any
 
 import jsonpatch
 
+from contract import Contract
 from tests.webhook.pods import KEY, NS, Pod, container, counter, pod
 from webhook.envrules import VOID
 from webhook.mutate import mutate, mutate_update
-from webhook.protocol import Contract
 
 ENV, CDI = Contract(), Contract(delivery="cdi")
 CONTRACTS = {"env": ENV, "cdi": CDI}

@@ -16,10 +16,10 @@ from flask.testing import FlaskClient
 
 from certs.build import dev_bundle
 from certs.cli import write_files
+from contract import IDX
 from tests.webhook.plugin_cases import ALLOCATED_POD, ASSIGNED_POD, binding
 from tests.webhook.pods import EXTENDER, NODE, PLUGIN, container, counter, pod, review
 from webhook.app import create_app
-from webhook.protocol import IDX
 from webhook.settings import Settings, settings_from
 
 NOW = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)

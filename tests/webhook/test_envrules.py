@@ -8,11 +8,12 @@ from typing import Any
 
 import pytest
 
+from contract import IDX
+from contract.env import annotation_ref
 from tests.webhook.pods import EXTENDER, KEY, NS, USER, Pod, annotate, container, pod, stamped
 from tests.webhook.selection_cases import CASES, CDI, ENV, FORMS, PLACES, Case, mutated, request
-from webhook.envrules import VOID, annotation_ref, under_device_list
+from webhook.envrules import VOID, under_device_list
 from webhook.mutate import mutate_update
-from webhook.protocol import IDX
 from webhook.settings import settings_from
 from webhook.validate import validate
 

@@ -17,11 +17,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from contract import Contract, ProtocolError, parse_allocation, parse_assigned, parse_assignment, parse_intent
 from tests.support.webhook_server import HOST, RunningWebhook, webhook_server
 from tests.webhook.fuzzing import CASES, RESERVED, annotation_values, fuzzed_bodies
 from tests.webhook.pods import EXTENDER, KEY, PLUGIN, container, counter, pod, review, stamped
 from webhook.mutate import mutate, mutate_update
-from webhook.protocol import Contract, ProtocolError, parse_allocation, parse_assigned, parse_assignment, parse_intent
 from webhook.review import MalformedReview, Request, parse_review, username
 from webhook.settings import settings_from
 from webhook.validate import validate

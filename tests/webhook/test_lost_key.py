@@ -17,10 +17,10 @@ from flask import Flask
 
 from certs.build import dev_bundle
 from certs.cli import write_files
+from contract import DEV, IDX, POD
 from tests.webhook.pods import EXTENDER, KEY, container, counter, pod, review, stamped
 from tests.webhook.test_app import post, settings_for
 from webhook.app import create_app
-from webhook.protocol import DEV, IDX, POD
 
 NOW = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
 

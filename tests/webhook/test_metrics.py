@@ -21,6 +21,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from prometheus_client.parser import text_string_to_metric_families
 
 from common.settings import SettingsError, metrics_address
+from contract import ASSIGNED, IDX, signing
 from tests.support.webhook_server import HOST, RunningWebhook, webhook_server
 from tests.webhook.pods import EXTENDER, KEY, PLUGIN, USER, Pod, annotate, container, placed, pod, review, stamped
 from tests.webhook.test_validate import (
@@ -32,10 +33,8 @@ from tests.webhook.test_validate import (
     UPDATE_DENIALS,
     with_env,
 )
-from webhook import signing
 from webhook.app import create_app
 from webhook.metrics import CertificateExpiry, WebhookMetrics, WireMetrics
-from webhook.protocol import ASSIGNED, IDX
 from webhook.settings import Settings, settings_from
 from webhook.validate import REASONS, validate
 

@@ -9,11 +9,10 @@ from typing import Any
 import jsonpatch
 import pytest
 
+from contract import IDX, RESERVED_ENV, Contract, parse_intent, signing
+from contract.env import expected_env
 from tests.webhook.pods import KEY, NS, OTHER_KEY, container, counter, pod, stamped
-from webhook import signing
-from webhook.envrules import expected_env
 from webhook.mutate import mutate
-from webhook.protocol import IDX, RESERVED_ENV, Contract, parse_intent
 
 ENV = Contract()
 VOID = {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}

@@ -13,11 +13,11 @@ import jsonpatch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from contract import Contract, ProtocolError, container_units, demand_of, intent_for, signing
+from contract.env import expected_env
 from tests.webhook.pods import KEY, NS, RES
-from webhook import signing
-from webhook.envrules import NEUTRAL_ENV, expected_env, is_neutral, needs_void
+from webhook.envrules import NEUTRAL_ENV, is_neutral, needs_void
 from webhook.mutate import mutate
-from webhook.protocol import Contract, ProtocolError, container_units, demand_of, intent_for
 
 CONTRACTS = [Contract(), Contract(delivery="cdi")]
 OTHER_GPU = ("nvidia.com/gpu",)

@@ -16,12 +16,11 @@ import jsonpatch
 import pytest
 
 from certs.build import build_ca
+from contract import IDX, parse_intent, signing
+from contract.env import expected_env
 from tests.support.webhook_server import HOST, RunningWebhook, webhook_server
 from tests.webhook.pods import EXTENDER, annotate, container, pod, review
 from tests.webhook.test_envrules import ATTACKS, ephemeral
-from webhook import signing
-from webhook.envrules import expected_env
-from webhook.protocol import IDX, parse_intent
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -9,14 +9,9 @@ import pytest
 
 from common.cli import Variable
 from common.settings import SettingsError, log_settings
+from contract import contract_from
 from webhook import serve
-from webhook.settings import (
-    DEFAULT_EXTENDER,
-    DEFAULT_PLUGIN,
-    WEBHOOK_VARIABLES,
-    contract_from,
-    settings_from,
-)
+from webhook.settings import DEFAULT_EXTENDER, DEFAULT_PLUGIN, WEBHOOK_VARIABLES, settings_from
 
 
 def test_defaults() -> None:

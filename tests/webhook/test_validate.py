@@ -7,6 +7,8 @@ from typing import Any
 
 import pytest
 
+from contract import ASSIGNED, ASSUME_TIME, COMPAT_KEYS, DEV, IDX, POD, Allocation, ContainerSlot, Contract, signing
+from contract.env import expected_env
 from tests.webhook.pods import (
     EXTENDER,
     KEY,
@@ -25,9 +27,6 @@ from tests.webhook.pods import (
     pod,
     stamped,
 )
-from webhook import signing
-from webhook.envrules import expected_env
-from webhook.protocol import ASSIGNED, ASSUME_TIME, COMPAT_KEYS, DEV, IDX, POD, Allocation, ContainerSlot, Contract
 from webhook.settings import Settings, settings_from
 from webhook.validate import validate
 

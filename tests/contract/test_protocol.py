@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from webhook import protocol as p
+import contract as p
 
 CONTRACT = p.Contract()
 RES = p.DEFAULT_RESOURCE

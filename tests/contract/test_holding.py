@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from webhook.holding import container_states, holds_memory, still_running
+from contract.holding import container_states, holds_memory, still_running
 
 GPU = ("prep", "main")  # the pod's GPU-share containers: an init container and an app container
 

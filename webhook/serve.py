@@ -144,16 +144,12 @@ def sample_review() -> dict[str, object]:
 
 def prepare_dev(directory: Path, env: dict[str, str]) -> None:
     """Create development certificates and keys where missing and point the GPUSHARE_* files at them."""
-    from certs.build import dev_bundle
-    from certs.cli import missing_dev_files, write_files
+    from certs.cli import write_files
+    from certs.devcerts import ensure_dev_files
 
-    if missing_dev_files(directory):
-        print(f"Creating development certificates and keys in {directory} ...")
-        write_files(directory, dev_bundle(datetime.datetime.now(datetime.UTC)))
+    files = ensure_dev_files(directory)
     write_files(directory, {SAMPLE_REVIEW: json.dumps(sample_review(), indent=2).encode() + b"\n"})
-    env["GPUSHARE_TLS_CERT"] = str(directory / "tls.crt")
-    env["GPUSHARE_TLS_KEY"] = str(directory / "tls.key")
-    env["GPUSHARE_SIGNING_KEY"] = str(directory / "signing.key")
+    env.update(files)
 
 
 def curl_line(bind: str, directory: Path) -> str:

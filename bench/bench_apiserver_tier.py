@@ -31,13 +31,14 @@ import uuid
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from contract.keys import DEFAULT_RESOURCE
 from e2e import gpushare, install, toolchain
 from e2e.apimetrics import PLUGIN, Burst, Reading, apiserver_series, counter, delta, sums
 from e2e.cluster import Cluster
 from e2e.kube import Kubectl
 from e2e.settings import from_environ
 
-RESOURCE = "aliyun.com/gpu-mem"
+RESOURCE = DEFAULT_RESOURCE
 PART_OF = "app.kubernetes.io/part-of=gpushare"
 ADMISSION_KINDS = ("mutatingwebhookconfigurations", "validatingwebhookconfigurations",
                    "validatingadmissionpolicybindings", "validatingadmissionpolicies")

@@ -8,11 +8,12 @@ from pathlib import Path
 
 import yaml
 
+from contract.keys import DEFAULT_RESOURCE
 from e2e import settings as ports
 from e2e.settings import E2eSettings
 
 SERVICE_RANGE = "198.51.100.0/24"  # TEST-NET-2: never routed, and nothing here sends to it (no kube-proxy)
-RESOURCE = "aliyun.com/gpu-mem"
+RESOURCE = DEFAULT_RESOURCE
 EXTENDER_CONFIG = Path(__file__).resolve().parents[1] / "manifests" / "extender" / "scheduler-config.yaml"
 EXTENDER_USER = "system:serviceaccount:kube-system:gpushare-schd-extender"
 

@@ -23,15 +23,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from contract import ASSIGNED, ASSUME_TIME, IDX, ProtocolError, container_units
+from contract import ASSIGNED, ASSUME_TIME, IDX, ProtocolError, container_units, keys
 from deviceplugin.inventory import Gpu
 
 Pod = dict[str, Any]
 
-VISIBLE = "NVIDIA_VISIBLE_DEVICES"
-# The reference's env names (pkg/gpu/nvidia/const.go).
-ENV_INDEX, ENV_POD, ENV_CONTAINER, ENV_DEV = (
-    "ALIYUN_COM_GPU_MEM_IDX", "ALIYUN_COM_GPU_MEM_POD", "ALIYUN_COM_GPU_MEM_CONTAINER", "ALIYUN_COM_GPU_MEM_DEV")
+VISIBLE = keys.ENV_VISIBLE
+# The reference's env names (pkg/gpu/nvidia/const.go), which the protocol shares.
+ENV_INDEX, ENV_POD, ENV_CONTAINER, ENV_DEV = keys.ENV_IDX, keys.ENV_POD, keys.ENV_CONTAINER, keys.ENV_DEV
 
 
 def _int(value: object, default: int) -> int:

@@ -254,20 +254,7 @@ RESERVED = frozenset(
         *Contract().own_keys,
     }
 )
-DEFINITIONS_ALLOWED = {
-    # The real-cluster tier's reference allocator and control loop, and the benchmarks and harness, name the
-    # resource and the env keys themselves; they are ported to the key module with the typed contract.
-    "e2e/control.py:RESOURCE",
-    "e2e/refalloc.py:ENV_INDEX",
-    "e2e/refalloc.py:ENV_POD",
-    "e2e/refalloc.py:ENV_CONTAINER",
-    "e2e/refalloc.py:ENV_DEV",
-    "e2e/refalloc.py:VISIBLE",
-    "bench/bench_apiserver_tier.py:RESOURCE",
-    "tests/deviceplugin/kubelet_sim.py:RESOURCE",
-    "tests/e2e/workloads.py:RESOURCE",
-    "tests/sim/scenario.py:RESOURCE",
-}
+DEFINITIONS_ALLOWED: set[str] = set()
 
 
 def _pairs(target: ast.expr, value: ast.expr | None) -> Iterator[tuple[str, str]]:

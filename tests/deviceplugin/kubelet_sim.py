@@ -13,10 +13,11 @@ from dataclasses import dataclass, field
 
 import grpc
 
+from contract.keys import DEFAULT_RESOURCE
 from deviceplugin.api import deviceplugin_pb2 as pb
 from deviceplugin.api import deviceplugin_pb2_grpc, podresources_pb2, podresources_pb2_grpc
 
-RESOURCE = "aliyun.com/gpu-mem"
+RESOURCE = DEFAULT_RESOURCE
 
 
 @dataclass

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from contract import IDX, POD
+from contract.keys import DEFAULT_RESOURCE
 from deviceplugin.inventory import fake_gpus
 from e2e import settings as ports
 from e2e.cluster import Cluster
@@ -23,7 +24,7 @@ from e2e.images import REPORT
 from e2e.kube import Kubectl
 from e2e.settings import E2eSettings
 
-RESOURCE = "aliyun.com/gpu-mem"
+RESOURCE = DEFAULT_RESOURCE
 _LINE = re.compile(r"gpushare-e2e container=(?P<container>\S*) visible=(?P<visible>\S*) idx=(?P<idx>\S*) "
                    r"slot=(?P<slot>\S*) mount=(?P<mount>.*)")
 

@@ -11,12 +11,13 @@ from concurrent import futures
 from dataclasses import dataclass, field
 from typing import Any
 
+from contract.keys import DEFAULT_RESOURCE
 from tests.sim.cluster import Cluster, ClusterSpec, PluginKind
 from tests.sim.invariants import Observation, Summary, Violation, check, summarize
 from tests.sim.ports import ApiError, Pod
 from tests.sim.replicaset import ReplicaSet
 
-RESOURCE = "aliyun.com/gpu-mem"
+RESOURCE = DEFAULT_RESOURCE
 _namespaces = itertools.count()
 
 

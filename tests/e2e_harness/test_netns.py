@@ -73,7 +73,7 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def started(argv: list[str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
-    """The process, in a session of its own; stopped by its PID at the end."""
+    """The process, in a process group of its own; stopped by its PID at the end."""
     with log.open("wb") as out:
         process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True)
     try:

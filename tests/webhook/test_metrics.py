@@ -389,7 +389,7 @@ def test_the_worker_exports_what_it_sees_on_the_wire(tmp_path: Path) -> None:
 
 
 def _session(hook: RunningWebhook, context: ssl.SSLContext) -> ssl.SSLSession | None:
-    """The session of a first connection, after an answer (TLS 1.3 tickets arrive after the handshake)."""
+    """What a first connection leaves to resume with, after an answer (TLS 1.3 tickets arrive after the handshake)."""
     with socket.create_connection((HOST, hook.port), timeout=10) as raw, \
             context.wrap_socket(raw, server_hostname=HOST) as first:
         first.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")

@@ -8,7 +8,7 @@ import logging
 import os
 import re
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -61,7 +61,15 @@ class CdiStore:
 
 def write_atomically(path: str, text: str) -> str:
     """Write a world-readable file by temp file and rename, so a reader never sees half of it."""
-    directory = os.path.dirname(path)
+    with _temp_file(os.path.dirname(path), text) as temp:
+        os.replace(temp, path)
+    return path
+
+
+@contextlib.contextmanager
+def _temp_file(directory: str, text: str) -> Iterator[str]:
+    """A world-readable temporary file in `directory` holding `text`, synced to disk; removed on leaving unless it
+    was renamed into place."""
     os.makedirs(directory, exist_ok=True)
     fd, temp = tempfile.mkstemp(dir=directory, prefix=".gpushare-", suffix=".tmp")
     try:
@@ -70,12 +78,39 @@ def write_atomically(path: str, text: str) -> str:
             out.flush()
             os.fsync(out.fileno())
         os.chmod(temp, 0o644)
-        os.replace(temp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
+        yield temp
+    finally:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(temp)
-        raise
+
+
+def ensure_file(path: str, text: str) -> str:
+    """Make `path` hold `text`, leaving the file alone (the same inode) when it already does.
+
+    A CDI mount's host file must never be replaced while containers start: runc bind-mounts the path's inode at
+    container start, so a rename over it in between mounts the unlinked inode, and runc's check of the mount
+    target then fails the start with "possibly malicious path detected -- refusing to operate on
+    <rootfs>/run/gpushare/gpu (deleted)" or a mount "no such file or directory" (runc v1.1.5
+    libcontainer/utils/utils.go WithProcfd, rootfs_linux.go mountPropagate); under restartPolicy Never the pod then
+    fails. So the file is created by hard link (never over another one) and replaced only when its text is wrong.
+    """
+    if _read_text(path) == text:
+        return path
+    with _temp_file(os.path.dirname(path), text) as temp:
+        try:
+            os.link(temp, path)
+        except FileExistsError:  # written meanwhile by a concurrent call, or wrong text to replace
+            if _read_text(path) != text:
+                os.replace(temp, path)
     return path
+
+
+def _read_text(path: str) -> str | None:
+    try:
+        with open(path) as handle:
+            return handle.read()
+    except (OSError, UnicodeDecodeError):
+        return None
 
 
 def present(paths: Sequence[str]) -> list[str]:

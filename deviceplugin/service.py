@@ -17,7 +17,7 @@ from contract import IDX, pod_ref
 from deviceplugin import delivery
 from deviceplugin.apiserver import ApiServer, ApiServerError, Conflict
 from deviceplugin.blame import allocate_refusal, waiting_pods
-from deviceplugin.cdi import CdiStore, present, write_atomically
+from deviceplugin.cdi import CdiStore, ensure_file, present
 from deviceplugin.eventqueue import EventQueue
 from deviceplugin.events import EventRecorder, TokenBuckets
 from deviceplugin.inventory import Inventory
@@ -262,7 +262,7 @@ class Service:
         if gpu.minor is None:  # a fake GPU has no device node: a file naming it shows containers what they got
             name, text = delivery.fake_gpu_file(gpu)
             gpu_file = self._write_file(accepted, self.settings.fake_gpu_dir, "GPUSHARE_FAKE_GPU_DIR",
-                                        lambda: write_atomically(os.path.join(self.settings.fake_gpu_dir, name), text))
+                                        lambda: ensure_file(os.path.join(self.settings.fake_gpu_dir, name), text))
         nodes = delivery.device_nodes(gpu, present(delivery.CONTROL_DEVICES))
         spec = delivery.cdi_spec(accepted.slot, gpu, nodes, units, accepted.intent.total, gpu_file=gpu_file)
         self._write_file(accepted, self.cdi.directory, "GPUSHARE_CDI_DIR", lambda: self.cdi.write(accepted.slot, spec))

@@ -12,7 +12,7 @@ import pytest
 from common.settings import SettingsError
 from contract.env import expected_env
 from deviceplugin import delivery
-from deviceplugin.cdi import CdiStore
+from deviceplugin.cdi import CdiStore, ensure_file
 from deviceplugin.inventory import HEALTHY, UNHEALTHY, Gpu, Inventory, InventoryError, fake_gpus, load_inventory
 from deviceplugin.settings import settings_from
 
@@ -202,3 +202,16 @@ def test_cdi_store_writes_atomically_lists_and_removes(tmp_path: Path) -> None:
     store.remove("0123456789abcdef")
     assert store.slots() == {} and store.read("0123456789abcdef") is None
     assert os.listdir(tmp_path / "cdi") == ["other-vendor.json"]
+
+
+def test_a_fake_gpus_file_keeps_its_inode_while_its_text_is_right(tmp_path: Path) -> None:
+    """A container starting on the GPU may be bind-mounting the file: one with the right text is never replaced
+    (runc would mount the unlinked inode and refuse the start); wrong text is replaced, and no temp file stays."""
+    path = str(tmp_path / "fake-gpus" / "GPU-0000.txt")
+    assert ensure_file(path, "index=0\n") == path
+    inode = os.stat(path).st_ino
+    ensure_file(path, "index=0\n")
+    assert os.stat(path).st_ino == inode and os.stat(path).st_mode & 0o777 == 0o644
+    ensure_file(path, "index=1\n")
+    assert Path(path).read_text() == "index=1\n" and os.stat(path).st_ino != inode
+    assert os.listdir(tmp_path / "fake-gpus") == ["GPU-0000.txt"]

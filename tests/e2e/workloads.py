@@ -127,6 +127,11 @@ def reason(p: Mapping[str, Any]) -> str:
         waiting = (s.get("state") or {}).get("waiting")
         if waiting:
             return f"{s.get('name')}: {waiting.get('reason')}: {waiting.get('message', '')}"
+    for s in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
+        ended = (s.get("state") or {}).get("terminated")
+        if ended and ended.get("exitCode"):
+            return (f"{s.get('name')}: {ended.get('reason')} (exit {ended.get('exitCode')}): "
+                    f"{ended.get('message', '')}")
     return phase(p)
 
 

@@ -126,7 +126,12 @@ def _check_loop_pods(installed: Cluster, kubectl: Kubectl, namespace: str) -> tu
         name = p["metadata"]["name"]
         if w.phase(p) != "Succeeded":
             reason = w.reason(p)
-            (rejected if any(own in reason for own in KUBELET_OWN) else wrong).append(f"{name}: {reason}")
+            if any(own in reason for own in KUBELET_OWN):
+                rejected.append(f"{name}: {reason}")
+            else:
+                said = "; ".join(f"{e.get('reason')}: {e.get('message', '')}"
+                                 for e in w.events(kubectl, namespace, name))
+                wrong.append(f"{name}: {reason} (events: {said})")
             continue
         rep = w.report(kubectl, namespace, name, "main")
         got = None if rep is None else w.gpu_of(rep, DELIVERY, installed.settings.node_name,
@@ -171,10 +176,22 @@ def _upgrade_or_rollback(installed: Cluster, kubectl: Kubectl, namespace: str, s
     checked, wrong, rejected = _check_loop_pods(installed, kubectl, namespace)
     print(f"\nhelm {step} while creating pods: {loop.created} created, {len(loop.refused)} refused at admission, "
           f"the {step} returned after {rolled:.0f} s; {checked} GPU-share pods ran and were checked, {len(wrong)} "
-          f"not on their GPU; {len(rejected)} rejected by the kubelet while the plugin re-registered: {rejected}",
+          f"failed or not on their GPU; {len(rejected)} rejected by the kubelet while the plugin re-registered: "
+          f"{rejected}",
           file=sys.stderr)
     assert loop.refused == [], loop.refused[:5]
-    assert wrong == [], wrong[:10]
+    assert wrong == [], (wrong[:10], _node_lines(installed, [x.split(":", 1)[0] for x in wrong[:3]]))
+
+
+def _node_lines(cluster: Cluster, names: list[str]) -> str:
+    """The kubelet's and containerd's log lines that name these pods (or their errors), for a failure message."""
+    out = []
+    for log in ("kubelet", "containerd"):
+        path = cluster.log(log)
+        text = path.read_text(errors="replace").splitlines() if path.exists() else []
+        out += [f"{log}: {line}" for line in text if any(f'"{n}"' in line or f"/{n}" in line or f" {n} " in line
+                                                            for n in names)][-40:]
+    return "\n".join(out)
 
 
 def test_uninstall_leaves_nothing_of_ours(installed: Cluster, kubectl: Kubectl, namespace: str) -> None:

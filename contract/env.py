@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from contract.keys import DEV, ENV_CONTAINER, ENV_DEV, ENV_IDX, ENV_POD, ENV_VISIBLE, IDX
@@ -26,3 +27,13 @@ def expected_env(container_units: int, intent_total: int) -> list[dict[str, Any]
         {"name": ENV_CONTAINER, "value": str(container_units)},
         {"name": ENV_POD, "value": str(intent_total)},
     ]
+
+
+def normal_env(entry: Mapping[str, Any]) -> dict[str, Any]:
+    """An env definition as the API server stores it (an empty value dropped, a fieldRef's apiVersion defaulted to
+    v1), so that the webhook and the device plugin compare definitions the same way."""
+    out = {k: v for k, v in entry.items() if not (k == "value" and v in ("", None))}
+    value_from = out.get("valueFrom")
+    if isinstance(value_from, Mapping) and isinstance(value_from.get("fieldRef"), Mapping):
+        out["valueFrom"] = {**value_from, "fieldRef": {"apiVersion": "v1", **value_from["fieldRef"]}}
+    return out

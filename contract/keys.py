@@ -8,6 +8,9 @@ if TYPE_CHECKING:
     from contract.settings import Contract
 
 DEFAULT_RESOURCE: Final = "aliyun.com/gpu-mem"
+# The node capacity the device plugin (ours, and the reference one: pkg/gpu/nvidia/const.go, CountName) publishes
+# beside the memory resource: how many GPUs the node has.
+GPU_COUNT: Final = "aliyun.com/gpu-count"
 DEFAULT_PREFIX: Final = "gpushare.io/"
 
 # The prefix of every compatible key and env name: all of them are reserved to gpushare.

@@ -16,11 +16,12 @@ def read_annotations(pod: Mapping[str, Any]) -> dict[str, str]:
     return {str(k): v if isinstance(v, str) else json.dumps(v) for k, v in annotations.items()}
 
 
-def pod_ref(pod: Mapping[str, Any]) -> str:
-    """namespace/name for messages; Deployment pods at admission have only generateName."""
+def pod_ref(pod: Mapping[str, Any], namespace: str | None = None) -> str:
+    """namespace/name for messages; Deployment pods at admission have only generateName, and at admission the
+    namespace is the request's (`namespace`), which the object may not carry yet."""
     meta = pod.get("metadata") or {}
     name = meta.get("name") or (str(meta.get("generateName") or "") + "<generated>")
-    return f"{meta.get('namespace') or '<namespace>'}/{name}"
+    return f"{namespace or meta.get('namespace') or '<namespace>'}/{name}"
 
 
 def gpu_containers(pod: Mapping[str, Any], resource: str) -> Sequence[Mapping[str, Any]]:

@@ -10,7 +10,7 @@ from common.cli import Variable
 from common.settings import SettingsError, env_value
 from contract.errors import ProtocolError
 from contract.keys import COMPAT_KEYS, DEFAULT_PREFIX, DEFAULT_RESOURCE
-from contract.modes import DELIVERY_MODES, PLACEMENTS, UNITS
+from contract.modes import Delivery, Placement, Unit, delivery_of, placement_of, unit_of
 
 # Matched whole (fullmatch: "$" would accept a trailing newline).
 _PREFIX_RE = re.compile(r"([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*)/")
@@ -30,18 +30,16 @@ class Contract:
     """The cluster-wide settings both sides must agree on."""
 
     resource: str = DEFAULT_RESOURCE
-    unit: str = "GiB"
+    unit: Unit = "GiB"
     prefix: str = DEFAULT_PREFIX
-    delivery: str = "env"
-    placement: str = "extender"
+    delivery: Delivery = "env"
+    placement: Placement = "extender"
 
     def __post_init__(self) -> None:
-        if self.unit not in UNITS:
-            raise ProtocolError(f"unit {self.unit!r} is not supported; use one of {', '.join(UNITS)}")
-        if self.delivery not in DELIVERY_MODES:
-            raise ProtocolError(f"delivery mode {self.delivery!r} is unknown; use one of env, cdi")
-        if self.placement not in PLACEMENTS:
-            raise ProtocolError(f"placement {self.placement!r} is unknown; use one of extender, node")
+        # The types hold what the checker sees; these hold what arrives untyped (a ConfigMap, a test's JSON).
+        unit_of(self.unit)
+        delivery_of(self.delivery)
+        placement_of(self.placement)
         if self.placement == "node" and self.delivery != "cdi":
             raise ProtocolError(
                 "node placement needs cdi delivery: in env delivery the GPU index must be in the pod's annotations "
@@ -80,12 +78,11 @@ class Contract:
 def contract_from(env: Mapping[str, str]) -> Contract:
     """The cluster-wide contract, read the same way by the webhook and the device plugin."""
     resource = env_value(env, "GPUSHARE_RESOURCE_NAME", DEFAULT_RESOURCE)
-    unit = env_value(env, "GPUSHARE_UNIT", "GiB")
     prefix = env_value(env, "GPUSHARE_ANNOTATION_PREFIX", DEFAULT_PREFIX)
-    delivery = env_value(env, "GPUSHARE_DELIVERY", "env")
-    placement = env_value(env, "GPUSHARE_PLACEMENT", "extender")
     try:
-        return Contract(resource=resource, unit=unit, prefix=prefix, delivery=delivery, placement=placement)
+        return Contract(resource=resource, unit=unit_of(env_value(env, "GPUSHARE_UNIT", "GiB")), prefix=prefix,
+                        delivery=delivery_of(env_value(env, "GPUSHARE_DELIVERY", "env")),
+                        placement=placement_of(env_value(env, "GPUSHARE_PLACEMENT", "extender")))
     except ProtocolError as exc:
         raise SettingsError(
             f"the GPUSHARE_RESOURCE_NAME / GPUSHARE_UNIT / GPUSHARE_ANNOTATION_PREFIX / GPUSHARE_DELIVERY / "

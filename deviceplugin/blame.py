@@ -12,7 +12,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from contract import IDX, ProtocolError, demand_of, parse_allocation, parse_assignment, pod_ref, read_annotations
-from deviceplugin.trust import Context, Refusal, stamped_intent
+from deviceplugin.errors import Refusal
+from deviceplugin.trust import Context, stamped_intent
 from deviceplugin.usage import live_on_node
 
 

@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from contract import ENV_CONTAINER, ENV_DEV, ENV_IDX, ENV_POD, ENV_VISIBLE, RESERVED_ENV
-from contract.env import expected_env
+from contract.env import expected_env, normal_env
+from contract.modes import Delivery
 from deviceplugin.inventory import Gpu
 
 SLOT_ENV = "GPUSHARE_SLOT"
@@ -31,7 +32,7 @@ def cdi_device_name(slot: str) -> str:
     return f"{CDI_KIND}={slot}"
 
 
-def allocate_delivery(slot: str, delivery: str) -> ContainerDelivery:
+def allocate_delivery(slot: str, delivery: Delivery) -> ContainerDelivery:
     """env mode: only GPUSHARE_SLOT (the GPU arrives through the webhook's downward-API env, and the
     plugin never sets a name the webhook injects); cdi mode: the slot's CDI device, written at PreStart."""
     if delivery == "cdi":
@@ -90,17 +91,6 @@ def find_container(pod: Mapping[str, Any], name: str) -> Mapping[str, Any] | Non
     return None
 
 
-def _normalised(entry: Mapping[str, Any]) -> Any:
-    # The API server defaults fieldRef.apiVersion to v1; compare what the kubelet will resolve.
-    value_from = entry.get("valueFrom")
-    if isinstance(value_from, Mapping) and isinstance(value_from.get("fieldRef"), Mapping):
-        ref = value_from["fieldRef"]
-        return ("fieldRef", ref.get("apiVersion") or "v1", ref.get("fieldPath"))
-    if value_from is not None:
-        return ("valueFrom", repr(value_from))
-    return ("value", str(entry.get("value", "")))
-
-
 def env_problems(container: Mapping[str, Any], container_units: int, pod_units: int) -> list[str]:
     """Where the container's env differs from what the webhook injects in env mode (empty when it matches)."""
     env = [e for e in container.get("env") or [] if isinstance(e, Mapping)]
@@ -112,7 +102,7 @@ def env_problems(container: Mapping[str, Any], container_units: int, pod_units: 
             problems.append(f"{name} is missing")
         elif len(found) > 1:
             problems.append(f"{name} is defined {len(found)} times")
-        elif _normalised(found[0]) != _normalised(wanted):
+        elif normal_env(found[0]) != normal_env(wanted):
             problems.append(f"{name} is not the webhook's definition")
     expected_names = {e["name"] for e in expected_env(container_units, pod_units)}
     for name in RESERVED_ENV:

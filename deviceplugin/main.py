@@ -30,6 +30,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from common import cli, heap, logsetup
 from common.settings import SettingsError
+from contract.keys import GPU_COUNT
 from contract.signing import SigningKeyError, load_public_key
 from deviceplugin import settings as plugin_settings
 from deviceplugin.apiserver import ApiServer, ApiServerError, KubeApiServer
@@ -43,8 +44,6 @@ from deviceplugin.service import Service
 from deviceplugin.settings import PLUGIN_VARIABLES, PluginSettings
 
 log = logging.getLogger(__name__)
-
-GPU_COUNT = "aliyun.com/gpu-count"
 
 SocketId = tuple[int, int, int]
 # How often the main thread wakes to run signal handlers (see serve_until_signalled).

@@ -7,28 +7,16 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from deviceplugin.apiserver import ApiServer, ApiServerError
+from deviceplugin.errors import PluginError, Refusal
 from deviceplugin.kubelet import KubeletUnavailable
 from deviceplugin.nodeindex import NodeIndex
 from deviceplugin.resolve import Holding, Owner, find_owner, other_holders, slot_of
-from deviceplugin.trust import Refusal
 
 log = logging.getLogger(__name__)
 
 # Pods asked about one by one (PodResources Get) before listing the whole node instead: a container starts soon after
 # its pod is admitted, so few pods wait for devices of one size at a time.
 _GET_LIMIT = 4
-
-
-class PluginError(Exception):
-    """An answer the kubelet receives as a gRPC error: `code` is a grpc.StatusCode name; `reason` is what the
-    refusal is counted under (deviceplugin/metrics.py), `attributed` whether an Event on its pod says it already."""
-
-    def __init__(self, code: str, message: str, reason: str = "", *, attributed: bool = False) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.reason = reason
-        self.attributed = attributed
 
 
 class Holdings(Protocol):

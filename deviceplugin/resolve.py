@@ -26,10 +26,11 @@ from contract import (
     read_annotations,
 )
 from contract.holding import terminating
+from deviceplugin.errors import Refusal
 from deviceplugin.inventory import Gpu
 from deviceplugin.pins import moved
 from deviceplugin.room import deleting_refusal, room_refusal
-from deviceplugin.trust import Context, Refusal, stamped_intent
+from deviceplugin.trust import Context, stamped_intent
 from deviceplugin.usage import Holder, live_on_node, node_usage
 
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from deviceplugin.errors import Refusal
 from deviceplugin.inventory import Gpu
-from deviceplugin.trust import Context, Refusal
+from deviceplugin.trust import Context
 from deviceplugin.usage import Holder
 
 

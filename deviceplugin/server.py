@@ -16,9 +16,9 @@ import grpc
 from deviceplugin import deadline
 from deviceplugin.api import deviceplugin_pb2 as pb
 from deviceplugin.api import deviceplugin_pb2_grpc
+from deviceplugin.errors import PluginError
 from deviceplugin.inventory import Inventory
 from deviceplugin.metrics import PluginMetrics
-from deviceplugin.owners import PluginError
 from deviceplugin.service import Service
 
 log = logging.getLogger(__name__)

@@ -18,6 +18,7 @@ from deviceplugin import delivery
 from deviceplugin.apiserver import ApiServer, ApiServerError, Conflict
 from deviceplugin.blame import allocate_refusal, waiting_pods
 from deviceplugin.cdi import CdiStore, ensure_file, present
+from deviceplugin.errors import PluginError, Refusal
 from deviceplugin.eventqueue import EventQueue
 from deviceplugin.events import EventRecorder, TokenBuckets
 from deviceplugin.inventory import Inventory
@@ -25,12 +26,12 @@ from deviceplugin.kubelet import KubeletUnavailable
 from deviceplugin.metrics import PluginMetrics
 from deviceplugin.nodeindex import NodeIndex
 from deviceplugin.nodeplace import NodePlacer
-from deviceplugin.owners import Holdings, Owners, PluginError
+from deviceplugin.owners import Holdings, Owners
 from deviceplugin.pins import Pin
 from deviceplugin.placement import preferred_devices
 from deviceplugin.resolve import Accepted, NeedsPlacement, Owner, allocation_candidates, slot_of, validate
 from deviceplugin.settings import PluginSettings
-from deviceplugin.trust import Context, Refusal
+from deviceplugin.trust import Context
 from deviceplugin.usage import recorded_pin
 
 log = logging.getLogger(__name__)

@@ -18,6 +18,7 @@ from common.settings import (
     positive_int,
 )
 from contract import CONTRACT_VARIABLES, Contract, contract_from
+from contract.modes import Placement
 
 DEFAULT_PLUGIN_DIR = "/var/lib/kubelet/device-plugins"
 DEFAULT_POD_RESOURCES = "/var/lib/kubelet/pod-resources/kubelet.sock"
@@ -75,7 +76,7 @@ class PluginSettings:
     gc_grace_seconds: float = 120.0
 
     @property
-    def placement(self) -> str:
+    def placement(self) -> Placement:
         """Who picks the GPU: a cluster-wide setting of the contract, the same on the webhook."""
         return self.contract.placement
 

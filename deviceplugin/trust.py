@@ -11,6 +11,8 @@ from typing import Any
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from contract import Contract, Intent, ProtocolError, intent_mismatch, parse_intent, pod_ref, read_annotations, signing
+from contract.modes import Placement
+from deviceplugin.errors import Refusal
 from deviceplugin.inventory import Gpu
 from deviceplugin.pins import Pins
 
@@ -18,15 +20,6 @@ log = logging.getLogger(__name__)
 
 # A node runs at most a few hundred pods (kubelet --max-pods, 110 by default): room for every pod and its versions.
 _REMEMBERED = 4096
-
-
-class Refusal(Exception):
-    """The plugin will not serve these devices; the text names the pod and container and says what to do."""
-
-    def __init__(self, message: str, reason: str = "GpuShareRefused") -> None:
-        super().__init__(message)
-        self.message = message
-        self.reason = reason
 
 
 class Verdicts:
@@ -83,7 +76,7 @@ class Context:
     public_key: Ed25519PublicKey
     gpus: Mapping[int, Gpu]
     healthy: Callable[[int], bool]
-    placement: str = "extender"
+    placement: Placement = "extender"
     pins: Pins = field(default_factory=Pins, compare=False)
     verdicts: Verdicts = field(default_factory=Verdicts, compare=False)
 

@@ -9,8 +9,9 @@ from typing import Any
 
 from contract import IDX, Intent, ProtocolError, parse_allocation, parse_assignment, pod_ref, read_annotations
 from contract.holding import finished, still_running, terminating
+from deviceplugin.errors import Refusal
 from deviceplugin.pins import Pin
-from deviceplugin.trust import Context, Refusal
+from deviceplugin.trust import Context
 
 
 def live_on_node(pod: Mapping[str, Any], node_name: str) -> bool:

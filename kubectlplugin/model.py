@@ -27,13 +27,11 @@ from contract import (
     read_annotations,
 )
 from contract.holding import holds_memory, still_running, terminating
+from contract.keys import GPU_COUNT
 from kubectlplugin.events import by_pod, plugin_refusal
 
 Obj = Mapping[str, Any]
 
-# The node capacity our device plugin and the reference one (pkg/gpu/nvidia/const.go, CountName) publish beside the
-# memory resource.
-GPU_COUNT: Final = "aliyun.com/gpu-count"
 # What the kubelet reports when a device plugin's Allocate fails (pkg/kubelet/lifecycle/predicate.go).
 ADMISSION_REFUSED: Final = "UnexpectedAdmissionError"
 # Container start failures whose message comes from the plugin's PreStartContainer (pkg/kubelet/cm/devicemanager).

@@ -19,7 +19,7 @@ from flask import Flask, Response, request
 from werkzeug.exceptions import RequestEntityTooLarge
 
 from common import logsetup
-from contract import read_annotations, signing
+from contract import pod_ref, read_annotations, signing
 from webhook.metrics import WebhookMetrics
 from webhook.mutate import NoSigningKey, Patch, mutate, mutate_update
 from webhook.review import (
@@ -82,9 +82,7 @@ class SigningKey:
 
 
 def _describe(req: Request) -> str:
-    meta = req["object"].get("metadata") or {}
-    name = meta.get("name") or f"{meta.get('generateName') or ''}<generated>"
-    return f"{req['namespace']}/{name}"
+    return pod_ref(req["object"], req["namespace"])
 
 
 def _sub(req: Request) -> str:

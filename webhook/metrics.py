@@ -21,7 +21,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from common.metricsserver import MetricsServer as Listener
-from webhook.validate import REASONS
+from webhook.problems import REASONS
 
 log = logging.getLogger(__name__)
 

@@ -12,9 +12,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from contract import Contract
 from deviceplugin.apiserver import ApiServerError
+from deviceplugin.errors import PluginError
 from deviceplugin.events import BURST, EVERY, TokenBuckets
 from deviceplugin.inventory import Inventory
-from deviceplugin.owners import PluginError
 from deviceplugin.resolve import Holding
 from deviceplugin.service import Service
 from tests.deviceplugin.fakes import FakeApiServer, FakeHoldings, assign, plugin_settings, spec_pod, stamped

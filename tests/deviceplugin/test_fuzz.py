@@ -23,11 +23,11 @@ from hypothesis import strategies as st
 
 from deviceplugin.api import deviceplugin_pb2 as pb
 from deviceplugin.api import podresources_pb2 as pr
+from deviceplugin.errors import PluginError, Refusal
 from deviceplugin.inventory import Inventory, fake_gpus
 from deviceplugin.kubelet import KubeletHoldings, KubeletUnavailable
-from deviceplugin.owners import Owners, PluginError
+from deviceplugin.owners import Owners
 from deviceplugin.resolve import Holding, find_owner, holdings_from_checkpoint, other_holders
-from deviceplugin.trust import Refusal
 from tests.deviceplugin.fakes import NODE, FakeApiServer
 from tests.deviceplugin.kubelet_sim import RESOURCE, TestKubelet
 from tests.deviceplugin.rig import Rig, make_rig

@@ -12,8 +12,8 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from contract import DEV, IDX, Contract, parse_allocation
+from deviceplugin.errors import PluginError
 from deviceplugin.inventory import Inventory
-from deviceplugin.owners import PluginError
 from deviceplugin.pins import Pin, Pins, moved
 from deviceplugin.resolve import Holding
 from deviceplugin.service import Service

@@ -11,6 +11,8 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from contract import ASSIGNED, DEV, IDX, POD, Contract, parse_allocation, signing
+from contract.modes import Placement
+from deviceplugin.errors import Refusal
 from deviceplugin.inventory import Gpu, Inventory
 from deviceplugin.placement import best_fit, preferred_devices
 from deviceplugin.resolve import (
@@ -25,14 +27,14 @@ from deviceplugin.resolve import (
     slot_of,
     validate,
 )
-from deviceplugin.trust import Context, Refusal
+from deviceplugin.trust import Context
 from tests.deviceplugin.fakes import NODE, assign, spec_pod, stamped
 
 IDS = [f"GPU-x-_-{n}" for n in range(4)]
 
 
 def ctx_for(
-    inventory: Inventory, signer: Ed25519PrivateKey, contract: Contract, placement: str = "extender"
+    inventory: Inventory, signer: Ed25519PrivateKey, contract: Contract, placement: Placement = "extender"
 ) -> Context:
     return Context(contract, NODE, signer.public_key(), {g.index: g for g in inventory.gpus}, inventory.healthy,
                    placement)
@@ -272,7 +274,7 @@ def deleted(pod: dict[str, Any], **states: str) -> dict[str, Any]:
 
 @pytest.mark.parametrize("placement", ["extender", "node"])
 def test_a_pod_being_deleted_is_not_started(
-    inventory: Inventory, signer: Ed25519PrivateKey, contract: Contract, placement: str
+    inventory: Inventory, signer: Ed25519PrivateKey, contract: Contract, placement: Placement
 ) -> None:
     with pytest.raises(Refusal) as caught:
         validate(deleted(good_pod(contract, signer)), ["main"], IDS, ctx_for(inventory, signer, contract, placement),

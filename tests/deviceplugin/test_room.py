@@ -7,6 +7,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from contract import Contract
+from contract.modes import Placement
 from deviceplugin.inventory import Gpu
 from deviceplugin.room import deleting_refusal, room_refusal
 from deviceplugin.trust import Context
@@ -16,7 +17,7 @@ GPU = Gpu(0, "GPU-a", 8)
 WHO = "pod team/new (container 'main')"
 
 
-def ctx(placement: str) -> Context:
+def ctx(placement: Placement) -> Context:
     contract = Contract(delivery="cdi", placement=placement)
     return Context(contract, "node-a", Ed25519PrivateKey.generate().public_key(), {0: GPU}, lambda index: True,
                    placement)
@@ -54,7 +55,7 @@ def staying(name: str, units: int) -> Holder:
         "stay promised; the scheduler extender counted less"]),
     ("node", [staying("a", 6)], ["this node's plugin placed the pod on GPU 0 before those pods were counted there"]),
 ])
-def test_a_gpu_without_room_says_whether_the_refusal_clears(placement: str, holders: list[Holder],
+def test_a_gpu_without_room_says_whether_the_refusal_clears(placement: Placement, holders: list[Holder],
                                                             fragments: list[str]) -> None:
     refusal = room_refusal(WHO, 4, GPU, holders, ctx(placement))
     assert refusal is not None and refusal.reason == "GpuShareNoRoom"
@@ -75,7 +76,7 @@ def test_room_enough_is_no_refusal(holders: list[Holder]) -> None:
                  "another pod there"),
     ("node", "this node's plugin counts a deleted pod's GPU memory as free once none of its GPU containers runs"),
 ])
-def test_a_pod_being_deleted_is_not_started(placement: str, fragment: str) -> None:
+def test_a_pod_being_deleted_is_not_started(placement: Placement, fragment: str) -> None:
     refusal = deleting_refusal(WHO, ctx(placement))
     assert refusal.reason == "GpuSharePodDeleting"
     assert refusal.message.startswith(f"{WHO} is being deleted, so the container is not started: {fragment}, and "

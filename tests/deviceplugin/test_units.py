@@ -11,6 +11,7 @@ import pytest
 
 from common.settings import SettingsError
 from contract.env import expected_env
+from contract.modes import Delivery
 from deviceplugin import delivery
 from deviceplugin.cdi import CdiStore, ensure_file
 from deviceplugin.inventory import HEALTHY, UNHEALTHY, Gpu, Inventory, InventoryError, fake_gpus, load_inventory
@@ -122,7 +123,7 @@ def test_unknown_devices(inventory: Inventory) -> None:
         ("cdi", {"GPUSHARE_SLOT": "0123456789abcdef"}, ("gpushare.io/gpu=0123456789abcdef",)),
     ],
 )
-def test_allocate_delivery(mode: str, envs: dict[str, str], cdi: tuple[str, ...]) -> None:
+def test_allocate_delivery(mode: Delivery, envs: dict[str, str], cdi: tuple[str, ...]) -> None:
     answer = delivery.allocate_delivery("0123456789abcdef", mode)
     assert dict(answer.envs) == envs and answer.cdi_devices == cdi
     assert not set(answer.envs) & {"NVIDIA_VISIBLE_DEVICES", "ALIYUN_COM_GPU_MEM_IDX", "ALIYUN_COM_GPU_MEM_DEV",

@@ -13,11 +13,12 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from contract import IDX, POD, Contract, signing
+from deviceplugin.errors import Refusal
 from deviceplugin.inventory import Inventory
 from deviceplugin.pins import Pin
 from deviceplugin.resolve import Accepted, Holding, validate
 from deviceplugin.service import Service
-from deviceplugin.trust import Context, Refusal
+from deviceplugin.trust import Context
 from deviceplugin.usage import node_usage, recorded_pin
 from tests.deviceplugin.fakes import NODE, FakeApiServer, FakeHoldings, assign, plugin_settings, spec_pod, stamped
 

@@ -9,8 +9,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from contract import ASSIGNED, DEV, IDX, POD, Allocation, ContainerSlot, Contract, demand_of, intent_for
+from contract.keys import GPU_COUNT
 from kubectlplugin.events import PLUGIN_COMPONENT
-from kubectlplugin.model import GPU_COUNT
 
 CONTRACT = Contract()
 RESOURCE = CONTRACT.resource

@@ -14,9 +14,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from contract import ASSIGNED, ASSUME_TIME, DEV, IDX, POD
+from contract.keys import GPU_COUNT
 from kubectlplugin import render
 from kubectlplugin.events import PLUGIN_COMPONENT
-from kubectlplugin.model import GPU_COUNT, START_FAILURES, build
+from kubectlplugin.model import START_FAILURES, build
 from tests.kubectlplugin.fixtures import CONTRACT, RESOURCE, Obj, allocate, assign, pod, stamp
 from tests.webhook.fuzzing import CASES, annotation_values, quantities
 

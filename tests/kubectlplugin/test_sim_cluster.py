@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from contract import ASSIGNED, IDX, POD
-from kubectlplugin.model import GPU_COUNT
+from contract.keys import GPU_COUNT
 from tests.kubectlplugin.test_cli import EXECUTABLE
 from tests.sim.cluster import Cluster, ClusterSpec
 from tests.sim.scenario import PodShape, wait_settled

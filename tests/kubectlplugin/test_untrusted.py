@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 
 from contract import DEV, IDX, POD
+from contract.keys import GPU_COUNT
 from kubectlplugin import cli, cluster, render
-from kubectlplugin.model import GPU_COUNT, build, pod_row
+from kubectlplugin.model import build, pod_row
 from tests.kubectlplugin.fixtures import CONTRACT, allocate, assign, event, node, pod, stamp
 
 Obj = dict[str, Any]

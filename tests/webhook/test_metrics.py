@@ -35,8 +35,9 @@ from tests.webhook.test_validate import (
 )
 from webhook.app import create_app
 from webhook.metrics import CertificateExpiry, WebhookMetrics, WireMetrics
+from webhook.problems import REASONS
 from webhook.settings import Settings, settings_from
-from webhook.validate import REASONS, validate
+from webhook.validate import validate
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 

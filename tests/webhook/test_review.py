@@ -12,7 +12,6 @@ from tests.webhook.pods import container, pod, review
 from webhook.review import (
     API_VERSION,
     KIND,
-    MAX_DEPTH,
     VALIDATED_KINDS,
     MalformedReview,
     parse_review,
@@ -20,6 +19,7 @@ from webhook.review import (
     token_node,
     username,
 )
+from webhook.shape import MAX_DEPTH
 
 LIMIT = 1 << 20
 

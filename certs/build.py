@@ -56,6 +56,14 @@ def _new_key() -> ec.EllipticCurvePrivateKey:
     return ec.generate_private_key(ec.SECP256R1())
 
 
+def _key_usage(*, ca: bool) -> x509.KeyUsage:
+    """Signing only; a CA also signs certificates and revocation lists."""
+    return x509.KeyUsage(
+        digital_signature=True, key_cert_sign=ca, crl_sign=ca, content_commitment=False, key_encipherment=False,
+        data_encipherment=False, key_agreement=False, encipher_only=False, decipher_only=False,
+    )
+
+
 def build_ca(now: datetime.datetime, *, common_name: str = "gpushare-webhook-ca", days: int = 3650) -> Issued:
     key = _new_key()
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
@@ -68,14 +76,7 @@ def build_ca(now: datetime.datetime, *, common_name: str = "gpushare-webhook-ca"
         .not_valid_before(now - _BACKDATE)
         .not_valid_after(now + datetime.timedelta(days=days))
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True, key_cert_sign=True, crl_sign=True, content_commitment=False,
-                key_encipherment=False, data_encipherment=False, key_agreement=False, encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
+        .add_extension(_key_usage(ca=True), critical=True)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
         .sign(key, hashes.SHA256())
     )
@@ -104,14 +105,7 @@ def build_serving_cert(
         .not_valid_after(now + datetime.timedelta(days=days))
         .add_extension(x509.SubjectAlternativeName([_general_name(h) for h in hosts]), critical=False)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True, key_cert_sign=False, crl_sign=False, content_commitment=False,
-                key_encipherment=False, data_encipherment=False, key_agreement=False, encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
+        .add_extension(_key_usage(ca=False), critical=True)
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
         .add_extension(
             x509.AuthorityKeyIdentifier.from_issuer_public_key(ca.key.public_key()), critical=False

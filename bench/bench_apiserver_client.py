@@ -45,7 +45,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from bench.workload import create_review, deployment_pod
 from certs.build import dev_bundle
 from certs.cli import write_files
-from tests.support.webhook_server import REPO, webhook_server
+from tests.harness.webhook.server import REPO, webhook_server
 from webhook.app import create_app
 from webhook.settings import settings_from
 

@@ -2,7 +2,7 @@
 
 Run: .venv/bin/python -m bench.bench_deviceplugin_calls [--sizes 8,110,800] [--samples 200]
 The real plugin (deviceplugin.main.Plugin, its kubernetes-client adapter and pod watch) runs against the test API
-server of tests/sim over HTTPS, which here waits 1-5 ms (uniform) before answering each request, and against the
+server of tests/harness/apiserver over HTTPS, which here waits 1-5 ms (uniform) before answering each request, and against the
 test kubelet over real unix sockets (PodResources Get on, as in Kubernetes 1.34). The API server runs in a process
 of its own, as in a cluster: the plugin's process holds what a plugin's does, plus the test kubelet and this
 client, and freezes its start-up heap as the plugin's run() does (common/heap.py). The node is filled with running,
@@ -36,9 +36,9 @@ from deviceplugin.inventory import fake_gpus
 from deviceplugin.main import Plugin
 from deviceplugin.resolve import slot_of
 from deviceplugin.settings import settings_from
-from tests.deviceplugin.fakes import assign, spec_pod, stamped
-from tests.deviceplugin.kubelet_sim import TestKubelet
-from tests.sim.client import SimClient
+from tests.harness.apiserver.client import SimClient
+from tests.harness.kubelet.scripted import TestKubelet
+from tests.harness.plugin.fakes import assign, spec_pod, stamped
 
 NODE = "bench-node"
 GPUS = "8x128GiB"
@@ -61,8 +61,8 @@ def serve_api(ready: Path) -> None:
 
     Imported here only: the API server's modules (its admission chain with a CEL interpreter) have no place in the
     measured process, whose heap should be what a plugin's is."""
-    import tests.sim.apiserver as sim
-    from tests.sim.handler import Handler
+    import tests.harness.apiserver.server as sim
+    from tests.harness.apiserver.handler import Handler
 
     class SlowHandler(Handler):
         """The test API server's handler, answering 1-5 ms late like an API server across a network (watches and

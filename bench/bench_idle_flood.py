@@ -20,8 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench.bench_stalled_clients import latencies, pct
-from tests.support.stalled_clients import open_idle, still_open
-from tests.support.webhook_server import RunningWebhook, webhook_server
+from tests.harness.webhook.server import RunningWebhook, webhook_server
+from tests.harness.webhook.stalled_clients import open_idle, still_open
 
 ENV = {"GPUSHARE_WORKERS": "2", "GPUSHARE_LOG_LEVEL": "WARNING"}
 

@@ -13,9 +13,9 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from tests.sim.cluster import Cluster, ClusterSpec
-from tests.sim.scenario import random_scenario, reference_cluster, reference_scenario, run_scenario
-from tests.support.webhook_server import webhook_server
+from tests.harness.sim.cluster import Cluster, ClusterSpec
+from tests.harness.sim.scenario import random_scenario, reference_cluster, reference_scenario, run_scenario
+from tests.harness.webhook.server import webhook_server
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -18,9 +18,9 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
-from tests.support.stalled_clients import KINDS, Stalled, close_all, open_one
-from tests.support.webhook_server import HOST, RunningWebhook, webhook_server
-from tests.webhook.pods import container, pod, review
+from tests.harness.pods import container, pod, review
+from tests.harness.webhook.server import HOST, RunningWebhook, webhook_server
+from tests.harness.webhook.stalled_clients import KINDS, Stalled, close_all, open_one
 
 BODY = json.dumps(review("CREATE", pod(container("main", 2), container("side", 1), container("cpu"),
                                        inits=[container("load", 1)]))).encode()

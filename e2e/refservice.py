@@ -3,7 +3,7 @@
 As the reference's server.go serves it: no options (so the kubelet never calls PreStartContainer or
 GetPreferredAllocation), every device healthy in one ListAndWatch answer, and an Allocate that holds the plugin's
 mutex for the whole call (allocate.go) around the decision e2e.refalloc makes from the API server's view. Where
-the pods come from and how the chosen one is marked is the transport's (tests/sim/baseline.py). On the real node
+the pods come from and how the chosen one is marked is the transport's (tests/harness/sim/baseline.py). On the real node
 the tier runs the reference plugin itself, built from its sources (e2e.refstack).
 """
 

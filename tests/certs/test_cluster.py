@@ -17,13 +17,12 @@ from cryptography import x509
 
 from certs.cli import main, write_files
 from certs.plan import CA_SECRET, SIGNING_SECRET, TLS_SECRET, VERIFY_CONFIGMAP
-from tests.manifests import rbac
-from tests.manifests.render import MANIFESTS
-
-sim = pytest.importorskip("tests.sim.apiserver", reason="the simulated API server (tests/sim) is not available")
-sim_auth = pytest.importorskip("tests.sim.auth")
-sim_status = pytest.importorskip("tests.sim.status")
-webhook_support = pytest.importorskip("tests.support.webhook_server")
+from tests.harness.apiserver import auth as sim_auth
+from tests.harness.apiserver import server as sim
+from tests.harness.apiserver import status as sim_status
+from tests.harness.manifests import rbac, render
+from tests.harness.manifests.render import MANIFESTS
+from tests.harness.webhook import server as webhook_support
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -247,7 +246,7 @@ def test_clear_messages_when_the_cluster_or_a_permission_is_missing(
 
 
 def test_the_signing_key_job_works_with_exactly_its_role(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    rendered = pytest.importorskip("tests.manifests.render").render("cert-manager")
+    rendered = render.render("cert-manager")
     job = next(o for o in rendered if o["kind"] == "Job")
     argv = job["spec"]["template"]["spec"]["containers"][0]["command"][1:]
     from certs.cli import build_parser

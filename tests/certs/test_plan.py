@@ -30,7 +30,7 @@ from certs.plan import (
     pem,
     serving_problem,
 )
-from tests.certs.fake_cluster import FakeCluster
+from tests.harness.apiserver.certs_cluster import FakeCluster
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -15,8 +15,8 @@ import pytest
 from gunicorn.config import Config
 
 from common import logsetup
-from tests.support.webhook_server import webhook_server
-from tests.webhook.pods import container, pod, review
+from tests.harness.pods import container, pod, review
+from tests.harness.webhook.server import webhook_server
 from webhook.serve import GunicornLogger
 
 TEXT_LINE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z (DEBUG|INFO|WARNING|ERROR|CRITICAL) \[\d+\] [\w.]+: ")

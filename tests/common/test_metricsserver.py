@@ -14,7 +14,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter
 
 from common.metricsserver import MetricsServer
-from tests.support.stalled_clients import close_all, closed_by_server, still_open
+from tests.harness.webhook.stalled_clients import close_all, closed_by_server, still_open
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -9,8 +9,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from contract import Contract
 from deviceplugin.inventory import Inventory, fake_gpus
-from tests.deviceplugin.fakes import NODE, FakeApiServer
-from tests.deviceplugin.rig import Rig, make_rig
+from tests.harness.plugin.fakes import NODE, FakeApiServer
+from tests.harness.plugin.rig import Rig, make_rig
 
 
 @pytest.fixture

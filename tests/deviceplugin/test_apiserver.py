@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from deviceplugin.apiserver import ApiServerError, Conflict, KubeApiServer
-from tests.deviceplugin.kube_http import FakeKube, write_kubeconfig
+from tests.harness.apiserver.kube_http import FakeKube, write_kubeconfig
 
 pytestmark = pytest.mark.timeout(60)
 

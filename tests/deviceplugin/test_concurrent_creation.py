@@ -17,9 +17,9 @@ import pytest
 
 from contract import IDX, Assignment, parse_allocation
 from deviceplugin.resolve import slot_of
-from tests.deviceplugin.fakes import NODE, spec_pod, stamped
-from tests.deviceplugin.kubelet_sim import Admitted
-from tests.deviceplugin.rig import Rig, make_rig
+from tests.harness.kubelet.scripted import Admitted
+from tests.harness.plugin.fakes import NODE, spec_pod, stamped
+from tests.harness.plugin.rig import Rig, make_rig
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -20,7 +20,7 @@ from deviceplugin.inventory import Inventory
 from deviceplugin.kubelet import KubeletHoldings
 from deviceplugin.server import DevicePluginServicer, serve
 from deviceplugin.service import Service
-from tests.deviceplugin.kube_http import write_kubeconfig
+from tests.harness.apiserver.kube_http import write_kubeconfig
 
 pytestmark = pytest.mark.timeout(60)
 FAR = 10_000.0  # seconds: a deadline that never comes during a test

@@ -11,7 +11,7 @@ import grpc
 import pytest
 
 from contract import ASSIGNED, IDX
-from tests.deviceplugin.rig import Rig, make_rig
+from tests.harness.plugin.rig import Rig, make_rig
 
 pytestmark = pytest.mark.timeout(60)
 

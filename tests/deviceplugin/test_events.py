@@ -17,7 +17,7 @@ from deviceplugin.events import BURST, EVERY, TokenBuckets
 from deviceplugin.inventory import Inventory
 from deviceplugin.resolve import Holding
 from deviceplugin.service import Service
-from tests.deviceplugin.fakes import FakeApiServer, FakeHoldings, assign, plugin_settings, spec_pod, stamped
+from tests.harness.plugin.fakes import FakeApiServer, FakeHoldings, assign, plugin_settings, spec_pod, stamped
 
 
 class Clock:

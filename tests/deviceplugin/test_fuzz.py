@@ -4,7 +4,7 @@
 The kubelet's calls (Allocate, PreStartContainer, GetPreferredAllocation) go to the real servicer over its unix
 socket, as messages and as mutated bytes; PodResources listings (as messages and as mutated bytes, over a socket)
 and checkpoint contents go through the real readers in deviceplugin/kubelet.py, resolve.py and owners.py.
-GPUSHARE_FUZZ_CASES (tests/webhook/fuzzing.py) sets the cases per property.
+GPUSHARE_FUZZ_CASES (tests/harness/fuzzing.py) sets the cases per property.
 """
 
 from __future__ import annotations
@@ -28,10 +28,10 @@ from deviceplugin.inventory import Inventory, fake_gpus
 from deviceplugin.kubelet import KubeletHoldings, KubeletUnavailable
 from deviceplugin.owners import Owners
 from deviceplugin.resolve import Holding, find_owner, holdings_from_checkpoint, other_holders
-from tests.deviceplugin.fakes import NODE, FakeApiServer
-from tests.deviceplugin.kubelet_sim import RESOURCE, TestKubelet
-from tests.deviceplugin.rig import Rig, make_rig
-from tests.webhook.fuzzing import CASES, anything, mutated_bytes
+from tests.harness.fuzzing import CASES, anything, mutated_bytes
+from tests.harness.kubelet.scripted import RESOURCE, TestKubelet
+from tests.harness.plugin.fakes import NODE, FakeApiServer
+from tests.harness.plugin.rig import Rig, make_rig
 
 pytestmark = pytest.mark.timeout(300)
 FUZZ = settings(max_examples=CASES, deadline=None, derandomize=True, database=None,

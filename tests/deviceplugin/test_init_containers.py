@@ -13,7 +13,7 @@ import pytest
 from contract import ASSIGNED, parse_allocation
 from deviceplugin.delivery import FAKE_GPU_MOUNT
 from deviceplugin.resolve import slot_of
-from tests.deviceplugin.rig import Rig, make_rig
+from tests.harness.plugin.rig import Rig, make_rig
 
 pytestmark = pytest.mark.timeout(60)
 

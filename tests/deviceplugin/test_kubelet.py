@@ -15,8 +15,8 @@ import pytest
 from contract import ASSIGNED, IDX, Contract, parse_allocation
 from deviceplugin.kubelet import KubeletHoldings, KubeletUnavailable
 from deviceplugin.resolve import slot_of
-from tests.deviceplugin.fakes import NODE, assign, spec_pod, stamped
-from tests.deviceplugin.rig import Rig, make_rig
+from tests.harness.plugin.fakes import NODE, assign, spec_pod, stamped
+from tests.harness.plugin.rig import Rig, make_rig
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -16,9 +16,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from contract.signing import public_pem
 from deviceplugin.main import main, run
-from tests.deviceplugin.fakes import plugin_settings
-from tests.deviceplugin.kube_http import FakeKube, write_kubeconfig
-from tests.deviceplugin.kubelet_sim import TestKubelet
+from tests.harness.apiserver.kube_http import FakeKube, write_kubeconfig
+from tests.harness.kubelet.scripted import TestKubelet
+from tests.harness.plugin.fakes import plugin_settings
 
 pytestmark = pytest.mark.timeout(60)
 

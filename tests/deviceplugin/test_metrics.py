@@ -18,8 +18,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from common.settings import SettingsError
 from deviceplugin.main import Plugin
 from deviceplugin.metrics import CALLS, OUTCOMES, REASONS, MetricsServer
-from tests.deviceplugin.fakes import FakeApiServer, assign, plugin_settings
-from tests.deviceplugin.rig import Rig, make_rig
+from tests.harness.plugin.fakes import FakeApiServer, assign, plugin_settings
+from tests.harness.plugin.rig import Rig, make_rig
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 

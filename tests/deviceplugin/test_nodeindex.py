@@ -20,8 +20,8 @@ from deviceplugin.pins import Pin
 from deviceplugin.resolve import slot_of
 from deviceplugin.trust import Context
 from deviceplugin.usage import Holder, node_usage
-from tests.deviceplugin.fakes import NODE, assign, spec_pod, stamped
-from tests.deviceplugin.rig import Rig
+from tests.harness.plugin.fakes import NODE, assign, spec_pod, stamped
+from tests.harness.plugin.rig import Rig
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -14,9 +14,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from deviceplugin.inventory import HEALTHY, UNHEALTHY, load_inventory
 from deviceplugin.main import Plugin
 from e2e import fakenvml
-from tests.deviceplugin.fakes import NODE, FakeApiServer, plugin_settings
-from tests.deviceplugin.kubelet_sim import TestKubelet
-from tests.support.fakenvml import library_dir
+from tests.harness.kubelet.scripted import TestKubelet
+from tests.harness.nvml import library_dir
+from tests.harness.plugin.fakes import NODE, FakeApiServer, plugin_settings
 
 pytestmark = pytest.mark.timeout(60)
 U0 = "GPU-0c6f1e2a-3b4d-4e5f-8a9b-1c2d3e4f5a6b"

@@ -28,7 +28,7 @@ from deviceplugin.resolve import (
     validate,
 )
 from deviceplugin.trust import Context
-from tests.deviceplugin.fakes import NODE, assign, spec_pod, stamped
+from tests.harness.plugin.fakes import NODE, assign, spec_pod, stamped
 
 IDS = [f"GPU-x-_-{n}" for n in range(4)]
 

@@ -11,8 +11,8 @@ import grpc
 import pytest
 
 from deviceplugin.resolve import slot_of
-from tests.deviceplugin.fakes import assign, spec_pod
-from tests.deviceplugin.rig import Rig, make_rig
+from tests.harness.plugin.fakes import assign, spec_pod
+from tests.harness.plugin.rig import Rig, make_rig
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -20,7 +20,7 @@ from deviceplugin.resolve import Accepted, Holding, validate
 from deviceplugin.service import Service
 from deviceplugin.trust import Context
 from deviceplugin.usage import node_usage, recorded_pin
-from tests.deviceplugin.fakes import NODE, FakeApiServer, FakeHoldings, assign, plugin_settings, spec_pod, stamped
+from tests.harness.plugin.fakes import NODE, FakeApiServer, FakeHoldings, assign, plugin_settings, spec_pod, stamped
 
 IDS = [f"GPU-x-_-{n}" for n in range(4)]
 

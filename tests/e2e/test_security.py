@@ -8,7 +8,7 @@ import pytest
 
 from e2e.cluster import Cluster
 from e2e.kube import Kubectl
-from tests.e2e import workloads as w
+from tests.harness.cluster import workloads as w
 
 
 def test_an_image_that_selects_every_gpu_gets_none(cluster: Cluster, needs_extender: None, delivery: str,

@@ -21,9 +21,9 @@ from typing import Any
 from e2e import settings as ports
 from e2e.cluster import Cluster
 from e2e.kube import Rest
-from tests.e2e import workloads as w
 from tests.e2e.test_refusals import scrape
-from tests.support.stalled_clients import open_idle
+from tests.harness.cluster import workloads as w
+from tests.harness.webhook.stalled_clients import open_idle
 
 CREATES = 20  # pods created through the API server while the connections are held, half of them GPU-share
 FLOODS = {"one address, 2,000 connections": [("127.0.0.2", 2000)],

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from e2e import fakenvml, toolchain
-from tests.support.fakenvml import clean_env, library_dir, probe_binary, run_python
+from tests.harness.nvml import clean_env, library_dir, probe_binary, run_python
 
 pytestmark = pytest.mark.timeout(600)  # the first go-nvml probe build compiles the whole cgo binding
 UUID_RE = re.compile(r"^GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")

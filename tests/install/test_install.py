@@ -23,9 +23,9 @@ from e2e import gpushare, install
 from e2e import settings as ports
 from e2e.cluster import Cluster
 from e2e.kube import Kubectl
-from tests.e2e import scenarios
-from tests.e2e import workloads as w
 from tests.e2e.test_scenario import KUBELET_OWN
+from tests.harness.cluster import scenarios
+from tests.harness.cluster import workloads as w
 
 pytestmark = pytest.mark.usefixtures("needs_extender")
 

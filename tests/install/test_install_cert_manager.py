@@ -21,9 +21,9 @@ from e2e import gpushare, install
 from e2e.cluster import Cluster
 from e2e.kube import Kubectl
 from e2e.projectimage import UPGRADE_SUFFIX
-from tests.e2e import scenarios
-from tests.e2e import workloads as w
 from tests.e2e.test_scenario import KUBELET_OWN
+from tests.harness.cluster import scenarios
+from tests.harness.cluster import workloads as w
 from tests.install.test_install import PART_OF, PODS, _ours, _ready, assert_nothing_of_ours_left
 
 pytestmark = pytest.mark.usefixtures("needs_extender")

@@ -1,4 +1,4 @@
-"""A test API server holding the golden cluster (tests/kubectlplugin/fixtures.py) as real objects, and users."""
+"""A test API server holding the golden cluster (tests/harness/kubectl_fixtures.py) as real objects, and users."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.kubectlplugin import fixtures as f
-from tests.sim.apiserver import ApiServer
-from tests.sim.auth import User
-from tests.sim.resources import Resource
+from tests.harness import kubectl_fixtures as f
+from tests.harness.apiserver.auth import User
+from tests.harness.apiserver.resources import Resource
+from tests.harness.apiserver.server import ApiServer
 
 
 def deny_bob(who: User, verb: str, res: Resource, subresource: str, namespace: str, name: str) -> str | None:

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from kubectlplugin import render
+from tests.harness.apiserver.auth import user
+from tests.harness.apiserver.server import ApiServer
 from tests.kubectlplugin.test_render import GOLDEN, golden_report
-from tests.sim.apiserver import ApiServer
-from tests.sim.auth import user
 
 EXECUTABLE = Path(sys.executable).parent / "kubectl-gpushare"
 KUBECTL = shutil.which("kubectl")

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 from kubectlplugin.cluster import Access, ClusterError, contexts, kubeconfig_files, read
+from tests.harness.apiserver.auth import User, user
+from tests.harness.apiserver.resources import Resource
+from tests.harness.apiserver.server import ApiServer
+from tests.harness.tls import Authority
 from tests.kubectlplugin.conftest import deny_bob
-from tests.sim.apiserver import ApiServer
-from tests.sim.auth import User, user
-from tests.sim.resources import Resource
-from tests.sim.tls import Authority
 
 pytestmark = pytest.mark.timeout(60)
 

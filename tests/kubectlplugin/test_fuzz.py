@@ -1,7 +1,7 @@
 """A bounded fuzz run of what `kubectl gpushare` reads from the cluster: nodes, pods (annotations, intents, names,
 statuses) and Events with any text in them. 0 crashes, and no character in the tables (summary and -d) that is not
 printable, nor a row that was not a container; the JSON is the report, escaped by json.dumps. GPUSHARE_FUZZ_CASES
-(tests/webhook/fuzzing.py) raises the number of cases."""
+(tests/harness/fuzzing.py) raises the number of cases."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ from contract.keys import GPU_COUNT
 from kubectlplugin import render
 from kubectlplugin.events import PLUGIN_COMPONENT
 from kubectlplugin.model import START_FAILURES, build
-from tests.kubectlplugin.fixtures import CONTRACT, RESOURCE, Obj, allocate, assign, pod, stamp
-from tests.webhook.fuzzing import CASES, annotation_values, quantities
+from tests.harness.fuzzing import CASES, annotation_values, quantities
+from tests.harness.kubectl_fixtures import CONTRACT, RESOURCE, Obj, allocate, assign, pod, stamp
 
 pytestmark = pytest.mark.timeout(300)
 FUZZ = settings(max_examples=CASES, deadline=None, derandomize=True,

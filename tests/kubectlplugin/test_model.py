@@ -11,7 +11,7 @@ import pytest
 
 from contract import IDX, POD, Contract
 from kubectlplugin.model import GpuRow, PodRow, build, pod_row
-from tests.kubectlplugin.fixtures import (
+from tests.harness.kubectl_fixtures import (
     CONTRACT,
     admission_refused,
     allocate,

@@ -13,7 +13,7 @@ import pytest
 
 from kubectlplugin import render
 from kubectlplugin.model import Report, build
-from tests.kubectlplugin.fixtures import CONTRACT, golden_cluster
+from tests.harness.kubectl_fixtures import CONTRACT, golden_cluster
 
 GOLDEN = Path(__file__).parent / "golden" / "table.txt"
 

@@ -14,10 +14,10 @@ import pytest
 
 from contract import ASSIGNED, IDX, POD
 from contract.keys import GPU_COUNT
+from tests.harness.sim.cluster import Cluster, ClusterSpec
+from tests.harness.sim.scenario import PodShape, wait_settled
+from tests.harness.webhook.server import webhook_server
 from tests.kubectlplugin.test_cli import EXECUTABLE
-from tests.sim.cluster import Cluster, ClusterSpec
-from tests.sim.scenario import PodShape, wait_settled
-from tests.support.webhook_server import webhook_server
 
 pytestmark = [
     pytest.mark.timeout(180),

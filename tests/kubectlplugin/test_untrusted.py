@@ -14,7 +14,7 @@ from contract import DEV, IDX, POD
 from contract.keys import GPU_COUNT
 from kubectlplugin import cli, cluster, render
 from kubectlplugin.model import build, pod_row
-from tests.kubectlplugin.fixtures import CONTRACT, allocate, assign, event, node, pod, stamp
+from tests.harness.kubectl_fixtures import CONTRACT, allocate, assign, event, node, pod, stamp
 
 Obj = dict[str, Any]
 NOW = datetime.datetime.now(datetime.UTC)

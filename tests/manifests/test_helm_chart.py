@@ -11,9 +11,9 @@ import yaml
 
 from charts import generate, kustomize
 from charts.knobs import KNOBS, MODE_VALUE, SWITCHES, component_value
-from tests.manifests import helm
-from tests.manifests.helm import CHART, Obj
-from tests.manifests.render import kubectl
+from tests.harness.manifests import helm
+from tests.harness.manifests.helm import CHART, Obj
+from tests.harness.manifests.render import kubectl
 
 # A cold build of helm (once per machine) happens in the first test that needs it.
 pytestmark = pytest.mark.timeout(helm.BUILD_TIMEOUT)

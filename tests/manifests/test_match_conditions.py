@@ -11,7 +11,7 @@ import yaml
 from celpy import celtypes
 from celpy.adapter import json_to_cel
 
-from tests.manifests.render import MANIFESTS
+from tests.harness.manifests.render import MANIFESTS
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -18,7 +18,7 @@ from contract import Contract
 from deviceplugin.inventory import Inventory, fake_gpus
 from deviceplugin.metrics import NodeCollector, PluginMetrics
 from deviceplugin.trust import Context
-from tests.manifests.render import (
+from tests.harness.manifests.render import (
     MANIFESTS,
     NAMESPACE,
     OVERLAYS,

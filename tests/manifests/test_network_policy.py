@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tests.manifests.render import NAMESPACE, OVERLAYS, container, env_of, find, pod_spec, render
+from tests.harness.manifests.render import NAMESPACE, OVERLAYS, container, env_of, find, pod_spec, render
 
 MONITORING = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
 WORKLOADS = [  # (kind, name, container, policy)

@@ -15,10 +15,10 @@ from celpy.adapter import json_to_cel
 
 from contract import IDX, Contract
 from deviceplugin.apiserver import event_body
-from tests.manifests.render import MANIFESTS
-from tests.webhook.plugin_cases import BINDINGS, PLUGIN_WRITES, binding
-from tests.webhook.pods import EXTENDER, PLUGIN, USER, Pod, annotate, container, pod, stamped
-from tests.webhook.selection_cases import CASES, FORMS, PLACES, Case, request
+from tests.harness.cases.plugin_cases import BINDINGS, PLUGIN_WRITES, binding
+from tests.harness.cases.selection_cases import CASES, FORMS, PLACES, Case, request
+from tests.harness.manifests.render import MANIFESTS
+from tests.harness.pods import EXTENDER, PLUGIN, USER, Pod, annotate, container, pod, stamped
 from tests.webhook.test_envrules import ATTACKS, HARMLESS, ephemeral, webhook_refusal
 from webhook.envrules import DEVICE_ENV, ENV_SELECTING
 
@@ -232,7 +232,7 @@ def test_trusted_identities_equal_the_configured_ones() -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# The device plugin's identity: the same table as the webhook's (tests/webhook/plugin_cases.py).
+# The device plugin's identity: the same table as the webhook's (tests/harness/cases/plugin_cases.py).
 
 
 @pytest.mark.parametrize(("case", "old", "new", "node", "subresource", "_webhook", "denied"), PLUGIN_WRITES,

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from tests.manifests.render import (
+from tests.harness.manifests.render import (
     NAMESPACE,
     OVERLAYS,
     Obj,

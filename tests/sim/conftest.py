@@ -10,10 +10,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.sim.apiserver import ApiServer
-from tests.sim.client import SimClient
-from tests.sim.fakehook import FakeWebhook
-from tests.sim.tls import Authority
+from tests.harness.apiserver.client import SimClient
+from tests.harness.apiserver.fakehook import FakeWebhook
+from tests.harness.apiserver.server import ApiServer
+from tests.harness.tls import Authority
 
 SERVICE = ("gpushare-system", "gpushare-webhook", 443)
 

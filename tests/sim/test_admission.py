@@ -7,13 +7,13 @@ from typing import Any
 
 import pytest
 
-from tests.sim.apiserver import ApiServer
-from tests.sim.auth import service_account, user
-from tests.sim.client import SimClient
-from tests.sim.fakehook import POD_RULE, FakeWebhook, configuration, review, webhook
-from tests.sim.resources import PODS
-from tests.sim.status import ApiError
-from tests.sim.tls import Authority
+from tests.harness.apiserver.auth import service_account, user
+from tests.harness.apiserver.client import SimClient
+from tests.harness.apiserver.fakehook import POD_RULE, FakeWebhook, configuration, review, webhook
+from tests.harness.apiserver.resources import PODS
+from tests.harness.apiserver.server import ApiServer
+from tests.harness.apiserver.status import ApiError
+from tests.harness.tls import Authority
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from tests.sim.cel import ConditionError, evaluate, match_conditions
+from tests.harness.apiserver.cel import ConditionError, evaluate, match_conditions
 
 POD: dict[str, Any] = {
     "metadata": {"name": "p", "annotations": {"ALIYUN_COM_GPU_MEM_IDX": "1"}, "labels": {"app": "web"}},

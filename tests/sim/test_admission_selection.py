@@ -6,15 +6,15 @@ from typing import Any
 
 import pytest
 
-from tests.sim.admission import Attributes, _rule_matches
-from tests.sim.apiserver import ApiServer
-from tests.sim.auth import User
-from tests.sim.client import SimClient
-from tests.sim.fakehook import POD_RULE, FakeWebhook, configuration, webhook
-from tests.sim.resources import BY_KEY, NODES
-from tests.sim.status import ApiError
+from tests.harness.apiserver.admission import Attributes, _rule_matches
+from tests.harness.apiserver.auth import User
+from tests.harness.apiserver.client import SimClient
+from tests.harness.apiserver.fakehook import POD_RULE, FakeWebhook, configuration, webhook
+from tests.harness.apiserver.resources import BY_KEY, NODES
+from tests.harness.apiserver.server import ApiServer
+from tests.harness.apiserver.status import ApiError
+from tests.harness.tls import Authority
 from tests.sim.test_admission import install, pod
-from tests.sim.tls import Authority
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 
-from tests.sim.apiserver import ApiServer
-from tests.sim.auth import pod_token, service_account, user
-from tests.sim.client import SimClient
-from tests.sim.configs import project_webhook_objects
-from tests.sim.status import ApiError
-from tests.support.webhook_server import RunningWebhook, webhook_server
+from tests.harness.apiserver.auth import pod_token, service_account, user
+from tests.harness.apiserver.client import SimClient
+from tests.harness.apiserver.configs import project_webhook_objects
+from tests.harness.apiserver.server import ApiServer
+from tests.harness.apiserver.status import ApiError
+from tests.harness.webhook.server import RunningWebhook, webhook_server
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from tests.sim.apiserver import ApiServer
-from tests.sim.client import SimClient
-from tests.sim.status import ApiError
+from tests.harness.apiserver.client import SimClient
+from tests.harness.apiserver.server import ApiServer
+from tests.harness.apiserver.status import ApiError
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from certs.cli import main as certs_main
-from tests.sim.apiserver import ApiServer
-from tests.sim.configs import project_webhook_objects
-from tests.sim.fakehook import FakeWebhook
-from tests.sim.status import ApiError
-from tests.sim.tls import CertPair
+from tests.harness.apiserver.configs import project_webhook_objects
+from tests.harness.apiserver.fakehook import FakeWebhook
+from tests.harness.apiserver.server import ApiServer
+from tests.harness.apiserver.status import ApiError
+from tests.harness.tls import CertPair
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -6,11 +6,11 @@ from typing import Any
 
 import pytest
 
-from tests.sim.handler import parse_route
-from tests.sim.patching import apply_patch, merge_patch, strategic_merge
-from tests.sim.selectors import parse_field_selector, parse_label_selector, selector_matches
-from tests.sim.status import ApiError
-from tests.sim.store import Store
+from tests.harness.apiserver.handler import parse_route
+from tests.harness.apiserver.patching import apply_patch, merge_patch, strategic_merge
+from tests.harness.apiserver.selectors import parse_field_selector, parse_label_selector, selector_matches
+from tests.harness.apiserver.status import ApiError
+from tests.harness.apiserver.store import Store
 
 CONTAINER: dict[str, Any] = {"name": "c", "image": "a",
                              "env": [{"name": "A", "value": "1"}, {"name": "B", "value": "2"}]}

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from tests.sim.apiserver import ApiServer
-from tests.sim.auth import User, service_account
-from tests.sim.client import SimClient
-from tests.sim.status import ApiError
+from tests.harness.apiserver.auth import User, service_account
+from tests.harness.apiserver.client import SimClient
+from tests.harness.apiserver.server import ApiServer
+from tests.harness.apiserver.status import ApiError
 from tests.sim.test_apiserver import pod
 
 pytestmark = pytest.mark.timeout(60)

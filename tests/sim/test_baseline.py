@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from deviceplugin.inventory import fake_gpus
-from tests.sim.baseline import BaselinePlugin, app_units, candidates
-from tests.sim.kubelet import Kubelet, KubeletConfig
-from tests.sim.ports import MemoryClient, MemoryStore, Pod
+from tests.harness.apiserver.ports import MemoryClient, MemoryStore, Pod
+from tests.harness.kubelet.node import Kubelet, KubeletConfig
+from tests.harness.sim.baseline import BaselinePlugin, app_units, candidates
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.sim.apiserver import ApiServer
-from tests.sim.auth import service_account, user
-from tests.sim.configs import project_webhook_objects
-from tests.support.webhook_server import webhook_server
+from tests.harness.apiserver.auth import service_account, user
+from tests.harness.apiserver.configs import project_webhook_objects
+from tests.harness.apiserver.server import ApiServer
+from tests.harness.webhook.server import webhook_server
 
 KUBECTL = shutil.which("kubectl")
 pytestmark = [

@@ -19,8 +19,8 @@ from deviceplugin.api import deviceplugin_pb2 as dp
 from deviceplugin.api import deviceplugin_pb2_grpc, podresources_pb2_grpc
 from deviceplugin.api import podresources_pb2 as pr
 from deviceplugin.inventory import Gpu, fake_gpus
-from tests.sim.kubelet import Kubelet, KubeletConfig
-from tests.sim.ports import MemoryStore, Pod
+from tests.harness.apiserver.ports import MemoryStore, Pod
+from tests.harness.kubelet.node import Kubelet, KubeletConfig
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from deviceplugin.inventory import fake_gpus
-from tests.sim.container_env import (
+from tests.harness.kubelet.runtime import (
     CUDA_IMAGE_ENV,
     CdiError,
     cdi_edits,
@@ -20,7 +20,7 @@ from tests.sim.container_env import (
     last_wins,
     visible_gpus,
 )
-from tests.sim.kubelet_grpc import TokenBucket
+from tests.harness.kubelet.wire import TokenBucket
 
 GPUS = fake_gpus("2x8GiB", "node-a", "GiB")
 POD: dict[str, Any] = {

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.sim.cluster import Cluster
-from tests.sim.scenario import Result, reference_cluster, reference_scenario, run_scenario
-from tests.support.webhook_server import RunningWebhook, webhook_server
+from tests.harness.sim.cluster import Cluster
+from tests.harness.sim.scenario import Result, reference_cluster, reference_scenario, run_scenario
+from tests.harness.webhook.server import RunningWebhook, webhook_server
 
 pytestmark = pytest.mark.timeout(180)
 

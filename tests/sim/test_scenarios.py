@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.sim.cluster import Cluster, ClusterSpec
-from tests.sim.scenario import PodShape, Result, Scenario, random_scenario, run_scenario
-from tests.support.webhook_server import RunningWebhook, webhook_server
+from tests.harness.sim.cluster import Cluster, ClusterSpec
+from tests.harness.sim.scenario import PodShape, Result, Scenario, random_scenario, run_scenario
+from tests.harness.webhook.server import RunningWebhook, webhook_server
 
 SCENARIOS = int(os.environ.get("GPUSHARE_SIM_SCENARIOS", "100"))
 TOPOLOGIES = ((1, "2x8GiB"), (2, "2x8GiB"))

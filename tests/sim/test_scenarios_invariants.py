@@ -7,9 +7,9 @@ from typing import Any
 import pytest
 
 from deviceplugin.inventory import fake_gpus
-from tests.sim.container_env import ContainerRun
-from tests.sim.invariants import Observation, check, summarize
-from tests.sim.ports import Pod
+from tests.harness.apiserver.ports import Pod
+from tests.harness.kubelet.runtime import ContainerRun
+from tests.harness.sim.invariants import Observation, check, summarize
 
 GPUS = {"n": fake_gpus("2x8GiB", "n", "GiB")}
 

@@ -17,8 +17,8 @@ from flask.testing import FlaskClient
 from certs.build import dev_bundle
 from certs.cli import write_files
 from contract import IDX
-from tests.webhook.plugin_cases import ALLOCATED_POD, ASSIGNED_POD, binding
-from tests.webhook.pods import EXTENDER, NODE, PLUGIN, container, counter, pod, review
+from tests.harness.cases.plugin_cases import ALLOCATED_POD, ASSIGNED_POD, binding
+from tests.harness.pods import EXTENDER, NODE, PLUGIN, container, counter, pod, review
 from webhook.app import create_app
 from webhook.settings import Settings, settings_from
 

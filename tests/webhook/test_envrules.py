@@ -10,8 +10,8 @@ import pytest
 
 from contract import IDX
 from contract.env import annotation_ref
-from tests.webhook.pods import EXTENDER, KEY, NS, USER, Pod, annotate, container, pod, stamped
-from tests.webhook.selection_cases import CASES, CDI, ENV, FORMS, PLACES, Case, mutated, request
+from tests.harness.cases.selection_cases import CASES, CDI, ENV, FORMS, PLACES, Case, mutated, request
+from tests.harness.pods import EXTENDER, KEY, NS, USER, Pod, annotate, container, pod, stamped
 from webhook.envrules import VOID, under_device_list
 from webhook.mutate import mutate_update
 from webhook.settings import settings_from

@@ -10,8 +10,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.support.webhook_server import HOST, REPO, RunningWebhook, webhook_server
-from tests.webhook.pods import container, pod, review
+from tests.harness.pods import container, pod, review
+from tests.harness.webhook.server import HOST, REPO, RunningWebhook, webhook_server
 
 pytestmark = pytest.mark.timeout(90)
 LIMIT = 100000

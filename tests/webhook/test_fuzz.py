@@ -1,7 +1,7 @@
 """A bounded fuzz run of the webhook's input surface: 0 crashes in the pure functions, 0 HTTP 500s, 0 hangs.
 
 Every body is parsed as the view parses it; a MalformedReview (a 400) is a fine answer, any other exception from
-parse_review, mutate, mutate_update or validate is a crash. GPUSHARE_FUZZ_CASES (tests/webhook/fuzzing.py) raises
+parse_review, mutate, mutate_update or validate is a crash. GPUSHARE_FUZZ_CASES (tests/harness/fuzzing.py) raises
 the number of cases per property.
 """
 
@@ -18,9 +18,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from contract import Contract, ProtocolError, parse_allocation, parse_assigned, parse_assignment, parse_intent
-from tests.support.webhook_server import HOST, RunningWebhook, webhook_server
-from tests.webhook.fuzzing import CASES, RESERVED, annotation_values, fuzzed_bodies
-from tests.webhook.pods import EXTENDER, KEY, PLUGIN, container, counter, pod, review, stamped
+from tests.harness.fuzzing import CASES, RESERVED, annotation_values, fuzzed_bodies
+from tests.harness.pods import EXTENDER, KEY, PLUGIN, container, counter, pod, review, stamped
+from tests.harness.webhook.server import HOST, RunningWebhook, webhook_server
 from webhook.mutate import mutate, mutate_update
 from webhook.review import MalformedReview, Request, parse_review, username
 from webhook.settings import settings_from

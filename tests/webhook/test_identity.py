@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.webhook.plugin_cases import BINDINGS, PLUGIN_WRITES, SYSTEM
-from tests.webhook.pods import EXTENDER, KEY, NS, PLUGIN, USER, Pod, annotate
+from tests.harness.cases.plugin_cases import BINDINGS, PLUGIN_WRITES, SYSTEM
+from tests.harness.pods import EXTENDER, KEY, NS, PLUGIN, USER, Pod, annotate
 from webhook.identity import changed_field, first_difference
 from webhook.settings import settings_from
 from webhook.validate import validate, validate_binding

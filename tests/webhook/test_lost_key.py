@@ -18,7 +18,7 @@ from flask import Flask
 from certs.build import dev_bundle
 from certs.cli import write_files
 from contract import DEV, IDX, POD
-from tests.webhook.pods import EXTENDER, KEY, container, counter, pod, review, stamped
+from tests.harness.pods import EXTENDER, KEY, container, counter, pod, review, stamped
 from tests.webhook.test_app import post, settings_for
 from webhook.app import create_app
 

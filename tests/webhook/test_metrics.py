@@ -22,8 +22,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from common.settings import SettingsError, metrics_address
 from contract import ASSIGNED, IDX, signing
-from tests.support.webhook_server import HOST, RunningWebhook, webhook_server
-from tests.webhook.pods import EXTENDER, KEY, PLUGIN, USER, Pod, annotate, container, placed, pod, review, stamped
+from tests.harness.pods import EXTENDER, KEY, PLUGIN, USER, Pod, annotate, container, placed, pod, review, stamped
+from tests.harness.webhook.server import HOST, RunningWebhook, webhook_server
 from tests.webhook.test_validate import (
     ALLOCATED_POD,
     ASSIGNED_POD,

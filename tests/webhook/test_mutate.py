@@ -11,7 +11,7 @@ import pytest
 
 from contract import IDX, RESERVED_ENV, Contract, parse_intent, signing
 from contract.env import expected_env
-from tests.webhook.pods import KEY, NS, OTHER_KEY, container, counter, pod, stamped
+from tests.harness.pods import KEY, NS, OTHER_KEY, container, counter, pod, stamped
 from webhook.mutate import mutate
 
 ENV = Contract()

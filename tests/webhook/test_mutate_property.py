@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from contract import Contract, ProtocolError, container_units, demand_of, intent_for, signing
 from contract.env import expected_env
-from tests.webhook.pods import KEY, NS, RES
+from tests.harness.pods import KEY, NS, RES
 from webhook.envrules import NEUTRAL_ENV, is_neutral, needs_void
 from webhook.mutate import mutate
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.webhook.pods import container, pod, review
+from tests.harness.pods import container, pod, review
 from webhook.review import (
     API_VERSION,
     KIND,

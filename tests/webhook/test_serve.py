@@ -24,7 +24,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from certs.build import Issued, build_ca, build_serving_cert, dev_bundle
 from certs.cli import write_files
-from tests.support.webhook_server import REPO, free_port
+from tests.harness.webhook.server import REPO, free_port
 from webhook.review import parse_review
 from webhook.serve import SAMPLE_REVIEW, ReloadingTLS, curl_line, main, prepare_dev, sample_review
 

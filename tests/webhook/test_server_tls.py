@@ -18,8 +18,8 @@ import pytest
 from certs.build import build_ca
 from contract import IDX, parse_intent, signing
 from contract.env import expected_env
-from tests.support.webhook_server import HOST, RunningWebhook, webhook_server
-from tests.webhook.pods import EXTENDER, annotate, container, pod, review
+from tests.harness.pods import EXTENDER, annotate, container, pod, review
+from tests.harness.webhook.server import HOST, RunningWebhook, webhook_server
 from tests.webhook.test_envrules import ATTACKS, ephemeral
 
 pytestmark = pytest.mark.timeout(90)

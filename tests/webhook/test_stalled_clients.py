@@ -11,9 +11,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.support.stalled_clients import close_all, closed_by_server, open_one, open_stalled, still_open
-from tests.support.webhook_server import HOST, RunningWebhook, webhook_server
-from tests.webhook.pods import container, pod, review
+from tests.harness.pods import container, pod, review
+from tests.harness.webhook.server import HOST, RunningWebhook, webhook_server
+from tests.harness.webhook.stalled_clients import close_all, closed_by_server, open_one, open_stalled, still_open
 
 pytestmark = pytest.mark.timeout(180)
 

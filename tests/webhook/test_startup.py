@@ -14,7 +14,7 @@ import pytest
 
 from certs.build import build_ca, dev_bundle
 from certs.cli import write_files
-from tests.support.webhook_server import REPO, free_port
+from tests.harness.webhook.server import REPO, free_port
 
 pytestmark = pytest.mark.timeout(120)
 

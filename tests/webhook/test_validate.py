@@ -9,7 +9,7 @@ import pytest
 
 from contract import ASSIGNED, ASSUME_TIME, COMPAT_KEYS, DEV, IDX, POD, Allocation, ContainerSlot, Contract, signing
 from contract.env import expected_env
-from tests.webhook.pods import (
+from tests.harness.pods import (
     EXTENDER,
     KEY,
     NODE,

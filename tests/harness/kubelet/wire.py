@@ -1,0 +1,240 @@
+"""The simulated kubelet's gRPC side: the Registration and PodResources servers and a device-plugin client."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent import futures
+from dataclasses import dataclass, field
+
+import grpc
+
+from deviceplugin.api import deviceplugin_pb2 as dp
+from deviceplugin.api import deviceplugin_pb2_grpc, podresources_pb2_grpc
+from deviceplugin.api import podresources_pb2 as pr
+from tests.harness.apiserver.ports import Pod
+from tests.harness.kubelet.devices import DeviceState
+
+VERSION = "v1beta1"
+
+
+def go_code(code: grpc.StatusCode) -> str:
+    """grpc-go's spelling of a status code, as it appears in `rpc error: code = X desc = ...`."""
+    return "".join(part.capitalize() for part in code.name.split("_"))
+
+
+def rpc_error_text(exc: grpc.RpcError) -> str:
+    if isinstance(exc, grpc.Call):
+        return f"rpc error: code = {go_code(exc.code())} desc = {exc.details()}"
+    return f"rpc error: {exc}"
+
+
+@dataclass
+class PluginConn:
+    """A registered plugin endpoint: its channel, options and the latest full ListAndWatch device list."""
+
+    endpoint: str
+    resource: str
+    channel: grpc.Channel
+    options: dp.DevicePluginOptions
+    devices: dict[str, str] = field(default_factory=dict)
+    cancel: Callable[[], object] | None = None
+
+    def healthy(self) -> list[str]:
+        return [d for d, health in self.devices.items() if health == "Healthy"]
+
+    def allocate(self, device_ids: list[str], timeout: float) -> dp.AllocateResponse:
+        request = dp.AllocateRequest(container_requests=[dp.ContainerAllocateRequest(devices_ids=device_ids)])
+        response: dp.AllocateResponse = _stub(self.channel).Allocate(request, timeout=timeout)
+        return response
+
+    def preferred(self, available: list[str], must_include: list[str], size: int, timeout: float) -> list[str]:
+        request = dp.PreferredAllocationRequest(container_requests=[dp.ContainerPreferredAllocationRequest(
+            available_deviceIDs=available, must_include_deviceIDs=must_include, allocation_size=size)])
+        response: dp.PreferredAllocationResponse = _stub(self.channel).GetPreferredAllocation(request, timeout=timeout)
+        return list(response.container_responses[0].deviceIDs) if response.container_responses else []
+
+    def pre_start(self, device_ids: list[str], timeout: float) -> None:
+        _stub(self.channel).PreStartContainer(dp.PreStartContainerRequest(devices_ids=device_ids), timeout=timeout)
+
+
+def _stub(channel: grpc.Channel) -> deviceplugin_pb2_grpc.DevicePluginStub:
+    return deviceplugin_pb2_grpc.DevicePluginStub(channel)  # type: ignore[no-untyped-call]
+
+
+def remove_sockets(directory: str) -> None:
+    """What a restarting kubelet does to the device-plugin directory: every socket goes, other files stay."""
+    for name in os.listdir(directory):
+        path = os.path.join(directory, name)
+        with contextlib.suppress(FileNotFoundError):
+            if stat.S_ISSOCK(os.lstat(path).st_mode):
+                os.unlink(path)
+
+
+class RegistrationServer(deviceplugin_pb2_grpc.RegistrationServicer):
+    """`/v1beta1.Registration/Register` on kubelet.sock; each registration connects to the plugin and watches it."""
+
+    def __init__(self, plugin_dir: str, resource: str, on_devices: Callable[[PluginConn | None], None]) -> None:
+        self.plugin_dir = plugin_dir
+        self.resource = resource
+        self.on_devices = on_devices
+        self.conn: PluginConn | None = None
+        self.registrations = 0
+        self._lock = threading.Lock()
+        self._server: grpc.Server | None = None
+
+    def start(self) -> None:
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="sim-kubelet-reg"))
+        deviceplugin_pb2_grpc.add_RegistrationServicer_to_server(self, server)  # type: ignore[no-untyped-call]
+        server.add_insecure_port("unix://" + os.path.join(self.plugin_dir, "kubelet.sock"))
+        server.start()
+        self._server = server
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.stop(0).wait(5)
+            self._server = None
+        with self._lock:
+            conn, self.conn = self.conn, None
+        if conn is not None:
+            if conn.cancel is not None:
+                conn.cancel()
+            conn.channel.close()
+
+    def Register(self, request: dp.RegisterRequest, context: grpc.ServicerContext) -> dp.Empty:
+        if request.version != VERSION:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"unsupported device plugin API version {request.version}")
+        if request.resource_name != self.resource:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"this kubelet expects {self.resource}, not "
+                          f"{request.resource_name}")
+        path = os.path.join(self.plugin_dir, request.endpoint)
+        threading.Thread(target=self._connect, args=(request, path), name="sim-kubelet-plugin", daemon=True).start()
+        return dp.Empty()
+
+    def _connect(self, request: dp.RegisterRequest, path: str) -> None:
+        channel = grpc.insecure_channel("unix://" + path)
+        try:
+            stub = _stub(channel)
+            options: dp.DevicePluginOptions = stub.GetDevicePluginOptions(dp.Empty(), timeout=10)
+            responses = stub.ListAndWatch(dp.Empty())
+        except grpc.RpcError:
+            channel.close()
+            return
+        conn = PluginConn(request.endpoint, request.resource_name, channel, options)
+        conn.cancel = responses.cancel
+        with self._lock:
+            old, self.conn = self.conn, conn
+            self.registrations += 1
+        if old is not None:
+            if old.cancel is not None:
+                old.cancel()
+            old.channel.close()
+        try:
+            for message in responses:
+                conn.devices = {d.ID: d.health for d in message.devices}
+                if self.conn is conn:
+                    self.on_devices(conn)
+        except grpc.RpcError:
+            pass
+        with self._lock:
+            gone = self.conn is conn
+            if gone:
+                self.conn = None
+        if gone:
+            self.on_devices(None)
+        channel.close()
+
+
+class TokenBucket:
+    """The kubelet's PodResources limiter: `rate` calls a second with bursts of `burst` (100/s, 10 by default)."""
+
+    def __init__(self, rate: float, burst: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self.rate = rate
+        self.burst = burst
+        self.rejected = 0
+        self._clock = clock
+        self._tokens = float(burst)
+        self._stamp = clock()
+        self._lock = threading.Lock()
+
+    def allow(self) -> bool:
+        with self._lock:
+            now = self._clock()
+            self._tokens = min(self.burst, self._tokens + (now - self._stamp) * self.rate)
+            self._stamp = now
+            if self._tokens >= 1:
+                self._tokens -= 1
+                return True
+            self.rejected += 1
+            return False
+
+
+class PodResourcesServer(podresources_pb2_grpc.PodResourcesListerServicer):
+    """`v1.PodResourcesLister` on its own socket, rate limited like the kubelet's. Like v1.34's List
+    (pkg/kubelet/apis/podresources/server_v1.go) it reports the active pods' app containers and restartable
+    (sidecar) init containers, with their devices; regular init containers never appear."""
+
+    def __init__(self, socket_path: str, state: DeviceState, allocatable: Callable[[], list[str]],
+                 active_pods: Callable[[], list[Pod]], limit: TokenBucket | None = None) -> None:
+        self.socket_path = socket_path
+        self.state = state
+        self.allocatable = allocatable
+        self.active_pods = active_pods
+        self.limit = limit or TokenBucket(100.0, 10)
+        self._server: grpc.Server | None = None
+
+    def _admit(self, context: grpc.ServicerContext) -> None:
+        if not self.limit.allow():
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "rejected by rate limit")
+
+    def start(self) -> None:
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="sim-kubelet-podres"))
+        podresources_pb2_grpc.add_PodResourcesListerServicer_to_server(self, server)  # type: ignore[no-untyped-call]
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.socket_path)
+        server.add_insecure_port("unix://" + self.socket_path)
+        server.start()
+        self._server = server
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.stop(0).wait(5)
+            self._server = None
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.socket_path)
+
+    def _pods(self) -> Iterator[pr.PodResources]:
+        held = {(e.pod_uid, e.container): e for e in self.state.entries()}
+        for pod in self.active_pods():
+            meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+            sidecars = [c for c in spec.get("initContainers") or [] if c.get("restartPolicy") == "Always"]
+            containers = []
+            for container in [*sidecars, *(spec.get("containers") or [])]:
+                entry = held.get((meta.get("uid", ""), container.get("name")))
+                devices = [pr.ContainerDevices(resource_name=entry.resource, device_ids=list(entry.device_ids))
+                           ] if entry is not None else []
+                containers.append(pr.ContainerResources(name=container.get("name"), devices=devices))
+            yield pr.PodResources(name=meta.get("name"), namespace=meta.get("namespace"), containers=containers)
+
+    def List(self, request: pr.ListPodResourcesRequest, context: grpc.ServicerContext) -> pr.ListPodResourcesResponse:
+        self._admit(context)
+        return pr.ListPodResourcesResponse(pod_resources=list(self._pods()))
+
+    def Get(self, request: pr.GetPodResourcesRequest, context: grpc.ServicerContext) -> pr.GetPodResourcesResponse:
+        self._admit(context)
+        for pod in self._pods():
+            if pod.name == request.pod_name and pod.namespace == request.pod_namespace:
+                return pr.GetPodResourcesResponse(pod_resources=pod)
+        context.abort(grpc.StatusCode.NOT_FOUND, f"pod {request.pod_namespace}/{request.pod_name} not found")
+        raise AssertionError("unreachable")
+
+    def GetAllocatableResources(
+        self, request: pr.AllocatableResourcesRequest, context: grpc.ServicerContext
+    ) -> pr.AllocatableResourcesResponse:
+        self._admit(context)
+        devices = [pr.ContainerDevices(resource_name=self.state.resource, device_ids=self.allocatable())]
+        return pr.AllocatableResourcesResponse(devices=devices)

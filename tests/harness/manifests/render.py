@@ -1,0 +1,100 @@
+"""Render the kustomize overlays offline with `kubectl kustomize` and look objects up in the result."""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+MANIFESTS = Path(__file__).resolve().parents[3] / "manifests"
+OVERLAYS = ("cert-manager", "self-signed")
+NAMESPACE = "gpushare-system"
+
+Obj = dict[str, Any]
+
+
+def kubectl() -> str:
+    path = shutil.which("kubectl")
+    if path is None:
+        pytest.skip("kubectl is not installed, so the kustomize overlays cannot be rendered; install kubectl >= 1.27")
+    return path
+
+
+@functools.cache
+def _rendered(overlay: str) -> tuple[Obj, ...]:
+    done = subprocess.run(
+        [kubectl(), "kustomize", str(MANIFESTS / overlay)], capture_output=True, text=True, timeout=60, check=False
+    )
+    if done.returncode != 0:
+        raise AssertionError(f"`kubectl kustomize manifests/{overlay}` failed: {done.stderr.strip()}")
+    return tuple(doc for doc in yaml.safe_load_all(done.stdout) if doc)
+
+
+def render_with_component(overlay: str, component: str, directory: Path) -> list[Obj]:
+    """manifests/<overlay> with the kustomize component manifests/<component>, rendered from `directory`."""
+    (directory / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        # kustomize takes only relative paths to other kustomizations
+        "resources": [os.path.relpath(MANIFESTS / overlay, directory)],
+        "components": [os.path.relpath(MANIFESTS / component, directory)],
+    }))
+    done = subprocess.run([kubectl(), "kustomize", str(directory)], capture_output=True, text=True, timeout=60,
+                          check=False)
+    assert done.returncode == 0, done.stderr
+    return [doc for doc in yaml.safe_load_all(done.stdout) if doc]
+
+
+def render(overlay: str) -> list[Obj]:
+    """Every object of manifests/<overlay>, as `kubectl apply -k` would send it (a fresh copy each call)."""
+    return yaml.safe_load(yaml.safe_dump(list(_rendered(overlay))))  # type: ignore[no-any-return]
+
+
+def webhook_configurations(overlay: str) -> list[Obj]:
+    """The MutatingWebhookConfiguration and ValidatingWebhookConfiguration of an overlay, for a test cluster."""
+    return [o for o in render(overlay) if o["kind"].endswith("WebhookConfiguration")]
+
+
+def objects(objs: list[Obj], kind: str) -> Iterator[Obj]:
+    return (o for o in objs if o["kind"] == kind)
+
+
+def find(objs: list[Obj], kind: str, name: str) -> Obj:
+    matches = [o for o in objects(objs, kind) if o["metadata"]["name"] == name]
+    assert len(matches) == 1, f"expected exactly one {kind} {name}, found {len(matches)}"
+    return matches[0]
+
+
+def pod_spec(objs: list[Obj], kind: str, name: str) -> Obj:
+    template: Obj = find(objs, kind, name)["spec"]["template"]
+    spec: Obj = template["spec"]
+    return spec
+
+
+def container(spec: Obj, name: str) -> Obj:
+    matches: list[Obj] = [c for c in spec["containers"] if c["name"] == name]
+    assert len(matches) == 1, f"expected one container {name}"
+    return matches[0]
+
+
+def env_of(ctr: Obj, objs: list[Obj]) -> dict[str, str]:
+    """The container's environment as the kubelet builds it: envFrom ConfigMaps first, then env (which wins).
+
+    A downward-API value is shown as `<fieldRef:PATH>`.
+    """
+    env: dict[str, str] = {}
+    for source in ctr.get("envFrom", []):
+        ref = source["configMapRef"]["name"]
+        env.update(find(objs, "ConfigMap", ref)["data"])
+    for item in ctr.get("env", []):
+        if "value" in item:
+            env[item["name"]] = item["value"]
+        else:
+            env[item["name"]] = f"<fieldRef:{item['valueFrom']['fieldRef']['fieldPath']}>"
+    return env

@@ -1,1 +1,0 @@
-"""Helpers shared by several test packages (a real webhook server, ...)."""

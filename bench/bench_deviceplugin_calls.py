@@ -2,12 +2,13 @@
 
 Run: .venv/bin/python -m bench.bench_deviceplugin_calls [--sizes 8,110,800] [--samples 200]
 The real plugin (deviceplugin.main.Plugin, its kubernetes-client adapter and pod watch) runs against the test API
-server of tests/harness/apiserver over HTTPS, which here waits 1-5 ms (uniform) before answering each request, and against the
-test kubelet over real unix sockets (PodResources Get on, as in Kubernetes 1.34). The API server runs in a process
-of its own, as in a cluster: the plugin's process holds what a plugin's does, plus the test kubelet and this
-client, and freezes its start-up heap as the plugin's run() does (common/heap.py). The node is filled with running,
-allocated pods; then new pods are created one at a time and the kubelet's calls for each are timed: Allocate (its
-GetPreferredAllocation not counted) and PreStartContainer (resolution, validation, a GET and a PATCH of the pod).
+server (tests/harness/apiserver) over HTTPS, which here waits 1-5 ms (uniform) before answering each request, and
+against the test kubelet over real unix sockets (PodResources Get on, as in Kubernetes 1.34). The API server runs in
+a process of its own, as in a cluster: the plugin's process holds what a plugin's does, plus the test kubelet and
+this client, and freezes its start-up heap as the plugin's run() does (common/heap.py). The node is filled with
+running, allocated pods; then new pods are created one at a time and the kubelet's calls for each are timed:
+Allocate (its GetPreferredAllocation not counted) and PreStartContainer (resolution, validation, a GET and a PATCH
+of the pod).
 Baselines measured in the same run: GetDevicePluginOptions (a gRPC round trip that decides nothing) and a GET of a
 pod through the plugin's own API client (one API round trip). Exits 1 when a target is missed.
 """

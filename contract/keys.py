@@ -12,6 +12,9 @@ DEFAULT_RESOURCE: Final = "aliyun.com/gpu-mem"
 # beside the memory resource: how many GPUs the node has.
 GPU_COUNT: Final = "aliyun.com/gpu-count"
 DEFAULT_PREFIX: Final = "gpushare.io/"
+# The DRA driver name: ResourceSlice spec.driver, allocation results' driver, the kubelet plugin's registered name
+# (a DNS subdomain of at most 63 characters, resource.k8s.io/v1 ResourceSliceSpec.Driver).
+DRA_DRIVER: Final = "gpushare.io"
 
 # The prefix of every compatible key and env name: all of them are reserved to gpushare.
 COMPAT_PREFIX: Final = "ALIYUN_COM_GPU_MEM_"

@@ -224,6 +224,19 @@ class KubeApiServer:
             _content_type="application/merge-patch+json",
         )
 
+    def resource_v1(self, what: str, operation: str, *args: Any, **kwargs: Any) -> dict[str, Any] | None:
+        """A resource.k8s.io/v1 request (`operation` names a ResourceV1Api method of the kubernetes client, which
+        has it from version 34) as JSON, bounded like every request here; None when the object does not exist."""
+        api = getattr(self._client, "ResourceV1Api", None)
+        if api is None:
+            raise ApiServerError(f"could not {what}: this kubernetes client has no resource.k8s.io/v1 API; install "
+                                 "kubernetes>=34 in the plugin's image")
+        try:
+            response = self._call(what, getattr(api(self._api_client), operation), *args, **kwargs)
+        except _NotFound:
+            return None
+        return json.loads(response.data)  # type: ignore[no-any-return]
+
     # -- plumbing --------------------------------------------------------------------------------------
 
     def _call(self, what: str, method: Any, *args: Any, **kwargs: Any) -> Any:

@@ -1,0 +1,54 @@
+"""Kubernetes resource quantities ("4Gi", "1536Mi", "4294967296", "1.5e9") as exact GiB or MiB units (pure)."""
+
+from __future__ import annotations
+
+import re
+from fractions import Fraction
+
+from contract.modes import Unit
+
+# k8s.io/apimachinery/pkg/api/resource/quantity.go: <signedNumber><suffix>, suffix binarySI | decimalSI | exponent.
+_QUANTITY_RE = re.compile(
+    r"([+-]?)([0-9]+(?:\.[0-9]*)?|\.[0-9]+)"  # sign and number: 4, 1.5, .5
+    r"(?:(Ki|Mi|Gi|Ti|Pi|Ei)|([numkMGTPE])|[eE]([+-]?[0-9]+))?"  # binary SI, decimal SI, or decimal exponent
+)
+_BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+_DECIMAL = {"n": -9, "u": -6, "m": -3, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}
+UNIT_BYTES: dict[Unit, int] = {"GiB": 2**30, "MiB": 2**20}
+# The quantity suffix that means one unit: ResourceSlice capacities are written in it.
+UNIT_SUFFIX: dict[Unit, str] = {"GiB": "Gi", "MiB": "Mi"}
+
+
+class QuantityError(ValueError):
+    """A quantity that is not a whole, positive number of units; the text says which and why."""
+
+
+def quantity_bytes(text: str) -> Fraction:
+    """The exact number of bytes a quantity means (a Fraction: "1.5Gi" and "100m" are valid quantities)."""
+    match = _QUANTITY_RE.fullmatch(text.strip()) if isinstance(text, str) else None
+    if match is None:
+        raise QuantityError(f"{text!r} is not a Kubernetes quantity such as 4Gi or 4096Mi")
+    sign, number, binary, decimal, exponent = match.groups()
+    value = Fraction(number)
+    if binary:
+        value *= _BINARY[binary]
+    elif decimal:
+        value *= Fraction(10) ** _DECIMAL[decimal]
+    elif exponent:
+        value *= Fraction(10) ** int(exponent)
+    return -value if sign == "-" else value
+
+
+def quantity_units(text: str, unit: Unit) -> int:
+    """A quantity as a positive whole number of units, refused when it is not one."""
+    value = quantity_bytes(text)
+    units = value / UNIT_BYTES[unit]
+    if units.denominator != 1:
+        raise QuantityError(f"{text} is not a whole number of {unit} (GPUSHARE_UNIT)")
+    if units <= 0:
+        raise QuantityError(f"{text} is not a positive amount of memory")
+    return int(units)
+
+
+def units_quantity(units: int, unit: Unit) -> str:
+    return f"{units}{UNIT_SUFFIX[unit]}"

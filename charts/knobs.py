@@ -183,6 +183,8 @@ SWITCHES = (
 COMPONENT_DOCS = {
     "monitoring": "Prometheus Operator PodMonitors for the webhook and the device plugins, and the Grafana "
                   "dashboard as a ConfigMap (needs the monitoring.coreos.com CRDs).",
+    "dra": "The DRA driver's DeviceClass, RBAC and the policy keeping it to its own node's ResourceSlice (needs "
+           "resource.k8s.io/v1 and the DRAConsumableCapacity feature gate; docs/dra.md).",
 }
 
 

@@ -16,22 +16,20 @@ within GPUSHARE_SHUTDOWN_SECONDS whatever its threads are doing, or dumps every 
 from __future__ import annotations
 
 import contextlib
-import faulthandler
 import logging
 import os
-import signal
 import sys
 import threading
 from collections.abc import Sequence
-from types import FrameType
 
 import grpc
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from common import cli, heap, logsetup
+from common import logsetup
 from common.settings import SettingsError
 from contract.keys import GPU_COUNT
 from contract.signing import SigningKeyError, load_public_key
+from deviceplugin import lifecycle
 from deviceplugin import settings as plugin_settings
 from deviceplugin.apiserver import ApiServer, ApiServerError, KubeApiServer
 from deviceplugin.cdi import CdiStore
@@ -45,17 +43,8 @@ from deviceplugin.settings import PLUGIN_VARIABLES, PluginSettings
 
 log = logging.getLogger(__name__)
 
-SocketId = tuple[int, int, int]
-# How often the main thread wakes to run signal handlers (see serve_until_signalled).
-SIGNAL_POLL_SECONDS = 0.2
-
-
-def _socket_id(path: str) -> SocketId | None:
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return None
-    return (st.st_dev, st.st_ino, st.st_ctime_ns)
+# What stops the start with one line and exit status 2 (lifecycle.run).
+START_FAILURES = (InventoryError, SigningKeyError, SettingsError, ApiServerError)
 
 
 class Plugin:
@@ -79,7 +68,7 @@ class Plugin:
         self._xid: XidWatcher | None = None
         # The socket file this plugin created (device, inode): stop() removes only that one, never a socket of
         # another plugin process, nor one it never made (a start that failed before serving).
-        self._socket: SocketId | None = None
+        self._socket: lifecycle.SocketId | None = None
         self._gc = threading.Thread(target=self._gc_loop, name="gc", daemon=True)
         self.metrics = PluginMetrics()
         self.metrics_server: MetricsServer | None = None
@@ -151,7 +140,7 @@ class Plugin:
             self._servicer = DevicePluginServicer(self.service, self.inventory, self._stop, s.rpc_timeout_seconds,
                                                   self.metrics)
             self._server = serve(self._servicer, s.socket_path)
-            self._socket = _socket_id(s.socket_path)
+            self._socket = lifecycle.socket_id(s.socket_path)
             try:
                 register(s.kubelet_socket, s.socket_name, s.contract.resource, OPTIONS, s.rpc_timeout_seconds)
             except RegistrationError:
@@ -205,7 +194,7 @@ class Plugin:
         path = self.settings.socket_path
         if self._socket is None:
             return "it had not created its socket"
-        current = _socket_id(path)
+        current = lifecycle.socket_id(path)
         if current is not None and current != self._socket:
             return f"the socket {path} is another process's now, so it was left in place"
         if current is not None:
@@ -215,19 +204,7 @@ class Plugin:
 
 
 def run(settings: PluginSettings, stop_event: threading.Event) -> int:
-    plugin = Plugin(settings)
-    try:
-        plugin.start()
-    except (InventoryError, SigningKeyError, SettingsError, ApiServerError) as exc:
-        log.error("The device plugin cannot start: %s.", " ".join(str(exc).split()))
-        plugin.stop()
-        return 2
-    heap.freeze_start_up()  # full collections now skip everything start-up made (common/heap.py)
-    try:
-        stop_event.wait()
-    finally:
-        plugin.stop()
-    return 0
+    return lifecycle.run(Plugin(settings), stop_event, START_FAILURES, "device plugin", log)
 
 
 FLAGS = {
@@ -242,56 +219,17 @@ FLAGS = {
 
 
 def serve_until_signalled(settings: PluginSettings) -> int:
-    """Run the plugin in a thread; the main thread only waits, so SIGTERM and SIGINT are handled at once.
-
-    A signal arms faulthandler's watchdog (a C thread that needs neither the GIL nor the main thread): if the
-    process has not exited GPUSHARE_SHUTDOWN_SECONDS later (a thread stuck in a call, or the interpreter waiting
-    for a gRPC worker thread at exit), it writes every thread's stack to stderr and calls _exit(1). Call this only
-    as the process's entry: the watchdog stays armed until the process ends.
-    """
-    stop_event = threading.Event()
-    codes: list[int] = []
-    bound = settings.shutdown_seconds
-
-    def arm() -> None:
-        faulthandler.dump_traceback_later(bound, exit=True, file=sys.stderr)
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        if stop_event.is_set():
-            return  # a second signal: the watchdog runs already
-        arm()  # first: logging itself could block (a full stderr pipe, a lock held by a stuck thread)
-        log.info("Received %s; stopping. If the plugin has not stopped within %g s (GPUSHARE_SHUTDOWN_SECONDS), "
-                 "every thread's stack is written to the log and the process exits.", signal.Signals(signum).name,
-                 bound)
-        stop_event.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    plugin = threading.Thread(target=lambda: codes.append(run(settings, stop_event)), name="plugin", daemon=True)
-    plugin.start()
-    while plugin.is_alive():
-        # A timed wait: a signal the kernel delivers to another thread (gRPC's, say) does not interrupt an untimed
-        # one, and Python runs handlers only in the main thread, so an untimed wait could ignore SIGTERM for good.
-        plugin.join(timeout=SIGNAL_POLL_SECONDS)
-    if not stop_event.is_set():
-        arm()  # a failed start: the same bound for the interpreter's exit
-    return codes[0] if codes else 1
+    """The plugin in a thread until SIGTERM or SIGINT, stopped within GPUSHARE_SHUTDOWN_SECONDS (lifecycle.py)."""
+    return lifecycle.serve_until_signalled(lambda stop: run(settings, stop), settings.shutdown_seconds,
+                                           "device plugin", log)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = cli.parser(
-        "gpushare-device-plugin", "Kubelet device plugin for gpushare (docs/deviceplugin.md).", PLUGIN_VARIABLES,
-        "The flags override the variables of the same name. Every setting is checked before the plugin serves; a "
-        "bad one stops it with one line naming the variable and exit status 2.",
+    settings = lifecycle.command_line_settings(
+        argv, "gpushare-device-plugin", "Kubelet device plugin for gpushare (docs/deviceplugin.md).",
+        PLUGIN_VARIABLES, FLAGS, plugin_settings.from_environ, "device plugin",
     )
-    for flag, variable in FLAGS.items():
-        parser.add_argument(flag, dest=variable, metavar="VALUE", help=f"overrides {variable}")
-    args = parser.parse_args(argv)
-    overrides = {k: v for k, v in vars(args).items() if v is not None}
-    try:
-        settings = plugin_settings.from_environ(overrides)
-    except SettingsError as exc:
-        print(f"The device plugin cannot start: {' '.join(str(exc).split())}.", file=sys.stderr)
+    if settings is None:
         return 2
     logsetup.configure(settings.log_level, settings.log_format)
     return serve_until_signalled(settings)

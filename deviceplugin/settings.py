@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from common.cli import Variable
 from common.settings import (
@@ -27,27 +27,50 @@ DEFAULT_MAX_DEVICES = "4096"
 # Kubernetes sends SIGKILL terminationGracePeriodSeconds (30 s by default) after SIGTERM: a plugin that has not
 # stopped by this bound dumps every thread's stack first, so the reason is in its log.
 DEFAULT_SHUTDOWN_SECONDS = "20"
+# Each program is a pod of its own (not hostNetwork), so the device plugin and the DRA driver share the port.
+DEFAULT_METRICS_BIND = "0.0.0.0:9103"
 
-# What --help lists; tests check that each default here is the one settings_from applies.
-PLUGIN_VARIABLES = (
+# What the device plugin and the DRA driver (deviceplugin/dra/settings.py) read alike, with node_settings.
+NODE_VARIABLES = (
     Variable("GPUSHARE_NODE_NAME", "", "this node's name, from the downward API", required=True),
     *CONTRACT_VARIABLES,
-    Variable("GPUSHARE_VERIFY_KEY", "/etc/gpushare/verify/signing.pub", "the webhook's public signing key (PEM)"),
     Variable("GPUSHARE_FAKE_GPUS", "", "a fake inventory such as 2x24GiB; empty: the GPUs NVML reports"),
+    Variable("GPUSHARE_CDI_DIR", "/var/run/cdi", "where CDI specs are written"),
+    Variable("GPUSHARE_FAKE_GPU_DIR", "/var/run/gpushare/fake-gpus", "cdi mode with fake GPUs: files naming each GPU"),
+    Variable("GPUSHARE_KUBECONFIG", "", "a kubeconfig file; empty: the pod's ServiceAccount"),
+    Variable("GPUSHARE_SHUTDOWN_SECONDS", DEFAULT_SHUTDOWN_SECONDS,
+             "after SIGTERM, stop within this bound, else dump every thread's stack and exit"),
+    Variable("GPUSHARE_METRICS_BIND", DEFAULT_METRICS_BIND, "plain-HTTP /metrics, HOST:PORT; empty: off"),
+    *LOG_VARIABLES,
+)
+# What --help lists; tests check that each default here is the one settings_from applies.
+PLUGIN_VARIABLES = (
+    *NODE_VARIABLES,
+    Variable("GPUSHARE_VERIFY_KEY", "/etc/gpushare/verify/signing.pub", "the webhook's public signing key (PEM)"),
     Variable("GPUSHARE_MAX_DEVICES", DEFAULT_MAX_DEVICES, "refuse to start when the GPUs make more devices"),
     Variable("GPUSHARE_DEVICE_PLUGIN_DIR", DEFAULT_PLUGIN_DIR, "the kubelet's kubelet.sock and the plugin's socket"),
     Variable("GPUSHARE_POD_RESOURCES_SOCKET", DEFAULT_POD_RESOURCES, "the kubelet's PodResources API"),
     Variable("GPUSHARE_KUBELET_CHECKPOINT", DEFAULT_PLUGIN_DIR + "/kubelet_internal_checkpoint",
              "the kubelet's device checkpoint; its default follows GPUSHARE_DEVICE_PLUGIN_DIR"),
-    Variable("GPUSHARE_CDI_DIR", "/var/run/cdi", "where CDI specs are written"),
-    Variable("GPUSHARE_FAKE_GPU_DIR", "/var/run/gpushare/fake-gpus", "cdi mode with fake GPUs: files naming each GPU"),
-    Variable("GPUSHARE_KUBECONFIG", "", "a kubeconfig file; empty: the pod's ServiceAccount"),
     Variable("GPUSHARE_RPC_TIMEOUT_SECONDS", "10", "bound of every kubelet call and API request (below 30)"),
-    Variable("GPUSHARE_SHUTDOWN_SECONDS", DEFAULT_SHUTDOWN_SECONDS,
-             "after SIGTERM, stop within this bound, else dump every thread's stack and exit"),
-    Variable("GPUSHARE_METRICS_BIND", "0.0.0.0:9103", "plain-HTTP /metrics, HOST:PORT; empty: off"),
-    *LOG_VARIABLES,
 )
+
+
+@dataclass(frozen=True)
+class NodeSettings:
+    """The settings of NODE_VARIABLES: the node, its GPUs and CDI specs, the API server, logs, metrics, shutdown."""
+
+    contract: Contract
+    node_name: str
+    fake_gpus: str
+    cdi_dir: str
+    fake_gpu_dir: str
+    kubeconfig: str
+    log_level: str
+    log_format: str
+    shutdown_seconds: float
+    # Plain-HTTP /metrics; None: not served.
+    metrics_bind: tuple[str, int] | None
 
 
 @dataclass(frozen=True)
@@ -113,7 +136,7 @@ def rpc_seconds(text: str) -> float:
     return value
 
 
-def settings_from(env: Mapping[str, str]) -> PluginSettings:
+def node_settings(env: Mapping[str, str]) -> NodeSettings:
     contract = contract_from(env)
     node_name = env_value(env, "GPUSHARE_NODE_NAME", "")
     if not node_name:
@@ -121,43 +144,53 @@ def settings_from(env: Mapping[str, str]) -> PluginSettings:
             "GPUSHARE_NODE_NAME is not set; give the plugin its node's name through the downward API "
             "(valueFrom.fieldRef.fieldPath: spec.nodeName) in the DaemonSet"
         )
-    plugin_dir = env_value(env, "GPUSHARE_DEVICE_PLUGIN_DIR", DEFAULT_PLUGIN_DIR)
     log_level, log_format = log_settings(env)
-    settings = PluginSettings(
+    return NodeSettings(
         contract=contract,
         node_name=node_name,
-        verify_key=env_value(env, "GPUSHARE_VERIFY_KEY", "/etc/gpushare/verify/signing.pub"),
         fake_gpus=env_value(env, "GPUSHARE_FAKE_GPUS", ""),
-        device_plugin_dir=plugin_dir,
-        pod_resources_socket=env_value(env, "GPUSHARE_POD_RESOURCES_SOCKET", DEFAULT_POD_RESOURCES),
-        kubelet_checkpoint=env_value(
-            env, "GPUSHARE_KUBELET_CHECKPOINT", os.path.join(plugin_dir, "kubelet_internal_checkpoint")
-        ),
         cdi_dir=env_value(env, "GPUSHARE_CDI_DIR", "/var/run/cdi"),
         fake_gpu_dir=env_value(env, "GPUSHARE_FAKE_GPU_DIR", "/var/run/gpushare/fake-gpus"),
-        max_devices=env_parsed(env, "GPUSHARE_MAX_DEVICES", DEFAULT_MAX_DEVICES, positive_int, "a positive integer"),
         kubeconfig=env_value(env, "GPUSHARE_KUBECONFIG", ""),
-        rpc_timeout_seconds=env_parsed(
-            env, "GPUSHARE_RPC_TIMEOUT_SECONDS", "10", rpc_seconds, "a positive number of seconds below 30"
-        ),
         log_level=log_level,
         log_format=log_format,
         shutdown_seconds=env_parsed(
             env, "GPUSHARE_SHUTDOWN_SECONDS", DEFAULT_SHUTDOWN_SECONDS, positive_float, "a positive number of seconds"
         ),
         metrics_bind=env_parsed(
-            env, "GPUSHARE_METRICS_BIND", "0.0.0.0:9103", metrics_address, "host:port, or empty to turn it off"
+            env, "GPUSHARE_METRICS_BIND", DEFAULT_METRICS_BIND, metrics_address, "host:port, or empty to turn it off"
         ),
     )
-    sockets = (("GPUSHARE_DEVICE_PLUGIN_DIR", settings.socket_path, DEFAULT_PLUGIN_DIR),
-               ("GPUSHARE_POD_RESOURCES_SOCKET", settings.pod_resources_socket, DEFAULT_POD_RESOURCES))
-    for variable, path, default in sockets:
-        size = len(os.fsencode(path))
-        if size > UNIX_PATH_MAX:
-            raise SettingsError(
-                f"{variable}={env_value(env, variable, '')!r} gives the socket path {path}, {size} bytes long; a unix "
-                f"socket address holds at most {UNIX_PATH_MAX}: choose a shorter path (the kubelet's is {default})"
-            )
+
+
+def check_socket_path(env: Mapping[str, str], variable: str, path: str, default: str) -> None:
+    """Refuse at start a socket path gRPC could not bind; `default` is the kubelet's own path, as the fix."""
+    size = len(os.fsencode(path))
+    if size > UNIX_PATH_MAX:
+        raise SettingsError(
+            f"{variable}={env_value(env, variable, '')!r} gives the socket path {path}, {size} bytes long; a unix "
+            f"socket address holds at most {UNIX_PATH_MAX}: choose a shorter path (the kubelet's is {default})"
+        )
+
+
+def settings_from(env: Mapping[str, str]) -> PluginSettings:
+    node = node_settings(env)
+    plugin_dir = env_value(env, "GPUSHARE_DEVICE_PLUGIN_DIR", DEFAULT_PLUGIN_DIR)
+    settings = PluginSettings(
+        **{field.name: getattr(node, field.name) for field in fields(NodeSettings)},
+        verify_key=env_value(env, "GPUSHARE_VERIFY_KEY", "/etc/gpushare/verify/signing.pub"),
+        device_plugin_dir=plugin_dir,
+        pod_resources_socket=env_value(env, "GPUSHARE_POD_RESOURCES_SOCKET", DEFAULT_POD_RESOURCES),
+        kubelet_checkpoint=env_value(
+            env, "GPUSHARE_KUBELET_CHECKPOINT", os.path.join(plugin_dir, "kubelet_internal_checkpoint")
+        ),
+        max_devices=env_parsed(env, "GPUSHARE_MAX_DEVICES", DEFAULT_MAX_DEVICES, positive_int, "a positive integer"),
+        rpc_timeout_seconds=env_parsed(
+            env, "GPUSHARE_RPC_TIMEOUT_SECONDS", "10", rpc_seconds, "a positive number of seconds below 30"
+        ),
+    )
+    check_socket_path(env, "GPUSHARE_DEVICE_PLUGIN_DIR", settings.socket_path, DEFAULT_PLUGIN_DIR)
+    check_socket_path(env, "GPUSHARE_POD_RESOURCES_SOCKET", settings.pod_resources_socket, DEFAULT_POD_RESOURCES)
     return settings
 
 

@@ -12,6 +12,7 @@ import pytest
 
 from certs.cli import VARIABLES as CERTS_VARIABLES
 from common.cli import Variable
+from deviceplugin.dra.settings import DRA_VARIABLES
 from deviceplugin.settings import PLUGIN_VARIABLES
 from kubectlplugin.cli import VARIABLES as KUBECTL_PLUGIN_VARIABLES
 
@@ -28,6 +29,7 @@ def variables_of(script: str) -> tuple[Variable, ...]:
     return {
         "gpushare-webhook": WEBHOOK_VARIABLES, "gpushare-device-plugin": PLUGIN_VARIABLES,
         "gpushare-certs": CERTS_VARIABLES, "kubectl-gpushare": KUBECTL_PLUGIN_VARIABLES,
+        "gpushare-dra-plugin": DRA_VARIABLES,
     }.get(script, ())
 
 

@@ -44,6 +44,7 @@ PURE = [
     "deviceplugin.dra.slice",
     "deviceplugin.dra.claims",
     "deviceplugin.dra.cdispec",
+    "deviceplugin.dra.settings",
     "deviceplugin.usage",
     "deviceplugin.room",
     "deviceplugin.pins",

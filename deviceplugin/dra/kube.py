@@ -1,19 +1,12 @@
-"""The API server, seen by the DRA driver: claims read fresh, and the node's ResourceSlice created or updated."""
+"""The API server, seen by the DRA driver: claims read fresh, and the node's ResourceSlices listed, written, deleted."""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from deviceplugin.apiserver import Conflict
+from contract.keys import DRA_DRIVER
 from deviceplugin.dra.claims import ClaimError
-from deviceplugin.dra.slice import SliceError, slice_update
-
-log = logging.getLogger(__name__)
-
-# A slice update that meets a concurrent writer (409) reads the slice again; past this many tries it gives up.
-_SLICE_TRIES = 3
 
 
 class ResourceApi(Protocol):
@@ -23,7 +16,7 @@ class ResourceApi(Protocol):
 
 
 class KubeDra:
-    """The ClaimSource of the driver, and the publisher of the node's slice, over the plugin's API client."""
+    """The ClaimSource of the driver, and the node's slices, over the plugin's API client."""
 
     def __init__(self, api: ResourceApi) -> None:
         self.api = api
@@ -39,30 +32,24 @@ class KubeDra:
             )
         return claim
 
-    def publish_slice(self, wanted: Mapping[str, Any]) -> dict[str, Any]:
-        """Make the API server hold `wanted` (from deviceplugin.dra.slice): created, updated with the next pool
-        generation, or left alone when it already says the same; the slice as the API server holds it."""
-        name = str(wanted["metadata"]["name"])
-        for _ in range(_SLICE_TRIES):
-            existing = self.api.resource_v1(f"read ResourceSlice {name}", "read_resource_slice", name)
-            body = slice_update(existing, wanted)
-            if body is None and existing is not None:
-                return existing
-            try:
-                if existing is None:
-                    written = self.api.resource_v1(f"create ResourceSlice {name}", "create_resource_slice", body)
-                else:
-                    written = self.api.resource_v1(
-                        f"update ResourceSlice {name}", "replace_resource_slice", name, body
-                    )
-            except Conflict as exc:  # created or changed meanwhile (a driver restart racing the kubelet's wipe)
-                log.info("ResourceSlice %s changed while being written (%s); reading it again", name, exc)
-                continue
-            if written is not None:
-                log.info("published ResourceSlice %s (pool generation %s)", name,
-                         (written.get("spec") or {}).get("pool", {}).get("generation"))
-                return written
-        raise SliceError(
-            f"ResourceSlice {name} kept changing while this driver wrote it ({_SLICE_TRIES} tries); another writer "
-            "updates it: run one gpushare DRA driver per node"
+    def list_slices(self, node: str) -> list[dict[str, Any]]:
+        """This driver's ResourceSlices of `node`, as the API server holds them."""
+        found = self.api.resource_v1(
+            f"list the ResourceSlices of node {node}", "list_resource_slice",
+            field_selector=f"spec.nodeName={node},spec.driver={DRA_DRIVER}",
         )
+        items = (found or {}).get("items") or []
+        return [item for item in items if isinstance(item, dict)]
+
+    def write_slice(self, body: Mapping[str, Any]) -> None:
+        """Create `body` (from deviceplugin.dra.slice.pool_plan), or replace the slice whose resourceVersion it
+        carries (Conflict, an ApiServerError, when another writer came first: the keeper's next step reads again)."""
+        name = str(body["metadata"]["name"])
+        if body["metadata"].get("resourceVersion"):
+            self.api.resource_v1(f"update ResourceSlice {name}", "replace_resource_slice", name, body)
+        else:
+            self.api.resource_v1(f"create ResourceSlice {name}", "create_resource_slice", body)
+
+    def delete_slice(self, name: str) -> None:
+        """Delete a slice of ours no GPU stands for any more (gone already: nothing to do)."""
+        self.api.resource_v1(f"delete ResourceSlice {name}", "delete_resource_slice", name)

@@ -15,14 +15,8 @@ API_VERSION = "resource.k8s.io/v1"
 # The capacity name claims request (`capacity.requests.memory`) and results consume (`consumedCapacity.memory`).
 MEMORY = "memory"
 DEVICE_PREFIX = "gpu-"
-# resource.k8s.io/v1 ResourceSliceMaxDevices: a node with more GPUs would need a pool of several slices.
-MAX_DEVICES = 128
 _NAME_MAX = 253  # metadata.name: a DNS subdomain
 _NOT_NAME_RE = re.compile(r"[^a-z0-9.-]+")
-
-
-class SliceError(ValueError):
-    """The node's ResourceSlice cannot be published; the text says why and what to do."""
 
 
 def device_name(gpu: Gpu) -> str:
@@ -37,10 +31,10 @@ def gpu_index(name: str) -> int | None:
     return int(number)
 
 
-def slice_name(node: str) -> str:
-    """`<node>-<driver>` as a DNS subdomain: lower case, other characters replaced, cut to 253 characters."""
-    name = _NOT_NAME_RE.sub("-", f"{node}-{DRA_DRIVER}".lower())[:_NAME_MAX]
-    return name.strip(".-") or DRA_DRIVER
+def slice_name(node: str, index: int) -> str:
+    """`<node>-<driver>-gpu-<index>` as a DNS subdomain: lower case, other characters replaced, cut to 253."""
+    name = _NOT_NAME_RE.sub("-", f"{node}-{DRA_DRIVER}".lower())[:_NAME_MAX - 12].strip(".-") or DRA_DRIVER
+    return f"{name}-{DEVICE_PREFIX}{index}"
 
 
 def gpu_device(gpu: Gpu, unit: Unit) -> dict[str, Any]:
@@ -62,34 +56,35 @@ def gpu_device(gpu: Gpu, unit: Unit) -> dict[str, Any]:
     }
 
 
-def resource_slice(
+def pool_slices(
     node: str, gpus: Sequence[Gpu], unhealthy: Collection[int], unit: Unit, generation: int = 1
-) -> dict[str, Any]:
-    """The slice of this node's pool. Unhealthy GPUs are left out rather than tainted: Device.taints in
-    resource.k8s.io/v1 needs the DRADeviceTaints gate, alpha and off in Kubernetes 1.34, and the API server
-    silently drops the field without it, so a taint would not keep claims off the GPU."""
-    devices = [gpu_device(gpu, unit) for gpu in gpus if gpu.index not in unhealthy]
-    if len(devices) > MAX_DEVICES:
-        raise SliceError(
-            f"node {node} has {len(devices)} healthy GPUs, more than the {MAX_DEVICES} devices one ResourceSlice "
-            "may hold; this driver publishes a single slice per node, so serve fewer GPUs on this node"
-        )
-    return {
+) -> list[dict[str, Any]]:
+    """This node's pool: one ResourceSlice per healthy GPU, each holding that GPU's device.
+
+    One device per slice because the Kubernetes 1.34 scheduler checks the remaining capacity of a device by its
+    position in the request, not in the slice (k8s.io/dynamic-resource-allocation v0.34.4
+    structured/internal/experimental/allocator_experimental.go:1295, `r.deviceIndex`; kubernetes/kubernetes#133705,
+    fixed in 1.35): with several devices in a slice, once the first GPU is full no claim gets any other. With one
+    device per slice, the first device of its slice is the device itself. Unhealthy GPUs are left out rather than
+    tainted: Device.taints needs the DRADeviceTaints gate, alpha and off in 1.34, and without it the API server
+    drops the field, so a taint would not keep claims off the GPU."""
+    healthy = [gpu for gpu in gpus if gpu.index not in unhealthy]
+    return [{
         "apiVersion": API_VERSION,
         "kind": "ResourceSlice",
-        "metadata": {"name": slice_name(node)},
+        "metadata": {"name": slice_name(node, gpu.index)},
         "spec": {
             "driver": DRA_DRIVER,
             "nodeName": node,
-            "pool": {"name": node, "generation": generation, "resourceSliceCount": 1},
-            "devices": devices,
+            "pool": {"name": node, "generation": generation, "resourceSliceCount": len(healthy)},
+            "devices": [gpu_device(gpu, unit)],
         },
-    }
+    } for gpu in healthy]
 
 
-def inventory_slice(node: str, inventory: Inventory, unit: Unit, generation: int = 1) -> dict[str, Any]:
+def inventory_slices(node: str, inventory: Inventory, unit: Unit) -> list[dict[str, Any]]:
     unhealthy = {gpu.index for gpu in inventory.gpus if not inventory.healthy(gpu.index)}
-    return resource_slice(node, inventory.gpus, unhealthy, unit, generation)
+    return pool_slices(node, inventory.gpus, unhealthy, unit)
 
 
 def _amounts(value: Any) -> Any:
@@ -111,18 +106,33 @@ def _published(spec: Mapping[str, Any]) -> tuple[Any, ...]:
     return spec.get("driver"), spec.get("nodeName"), pool.get("name"), devices
 
 
-def slice_update(existing: Mapping[str, Any] | None, wanted: Mapping[str, Any]) -> dict[str, Any] | None:
-    """What to write so the API server holds `wanted`: None when `existing` already says the same; else `wanted`
-    with the pool generation above the existing one (consumers use only a pool's highest generation) and the
-    existing resourceVersion (so a concurrent writer makes the update fail with 409 instead of being overwritten)."""
-    if existing is None:
-        return dict(wanted)
-    old_spec = existing.get("spec") or {}
-    if _published(old_spec) == _published(wanted["spec"]):
-        return None
-    old_generation = (old_spec.get("pool") or {}).get("generation")
-    generation = old_generation + 1 if isinstance(old_generation, int) else 1
-    spec = dict(wanted["spec"])
-    spec["pool"] = {**spec["pool"], "generation": generation}
-    metadata = {**wanted["metadata"], "resourceVersion": (existing.get("metadata") or {}).get("resourceVersion")}
-    return {**wanted, "metadata": metadata, "spec": spec}
+def _generation(item: Mapping[str, Any]) -> int:
+    generation = ((item.get("spec") or {}).get("pool") or {}).get("generation")
+    return generation if isinstance(generation, int) else 0
+
+
+def pool_plan(
+    existing: Sequence[Mapping[str, Any]], wanted: Sequence[Mapping[str, Any]]
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """What to write and which slices to delete so the API server holds `wanted` (from pool_slices): nothing when
+    every slice already says the same at one generation; else every wanted slice at the next generation (consumers
+    use only a pool's highest generation, so all its slices move together), each with its existing
+    resourceVersion (a concurrent writer then gets 409 instead of being overwritten), and the others deleted."""
+    by_name = {str((e.get("metadata") or {}).get("name")): e for e in existing}
+    names = [str(w["metadata"]["name"]) for w in wanted]
+    generations = {_generation(e) for e in existing}
+    if (set(by_name) == set(names) and len(generations) <= 1
+            and all(_published(by_name[n].get("spec") or {}) == _published(w["spec"]) for n, w in zip(
+                names, wanted, strict=True))
+            and all(((by_name[n].get("spec") or {}).get("pool") or {}).get("resourceSliceCount") == len(wanted)
+                    for n in names)):
+        return [], []
+    generation = max(generations, default=0) + 1
+    writes = []
+    for name, slice_ in zip(names, wanted, strict=True):
+        metadata = dict(slice_["metadata"])
+        if name in by_name:
+            metadata["resourceVersion"] = (by_name[name].get("metadata") or {}).get("resourceVersion")
+        spec = {**slice_["spec"], "pool": {**slice_["spec"]["pool"], "generation": generation}}
+        writes.append({**slice_, "metadata": metadata, "spec": spec})
+    return writes, sorted(set(by_name) - set(names))

@@ -134,7 +134,7 @@ def test_sigterm_stops_a_plugin_whose_threads_are_blocked_with_a_stack_dump(tmp_
             process.kill()
             process.wait()
     assert process.returncode == 1, err
-    assert "Received SIGTERM; stopping. If the plugin has not stopped within 1 s" in err
+    assert "Received SIGTERM; stopping. If the device plugin has not stopped within 1 s" in err
     assert "Timeout (0:00:01)!" in err and "most recent call first" in err
     assert 'in blocked_forever' in err  # the stuck thread's stack is in the dump
 

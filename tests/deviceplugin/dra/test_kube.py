@@ -4,30 +4,29 @@ from typing import Any
 
 import pytest
 
-from deviceplugin.apiserver import Conflict
 from deviceplugin.dra.claims import ClaimError
 from deviceplugin.dra.kube import KubeDra
-from deviceplugin.dra.slice import SliceError, resource_slice
+from deviceplugin.dra.slice import pool_slices
 from tests.harness.dra.claims import GPUS, NODE, claim
 
 
 class FakeResourceApi:
-    """KubeApiServer.resource_v1 over a dict of objects by name; `conflicts` writes fail with 409 first."""
+    """KubeApiServer.resource_v1 over a dict of objects by name, recording each call with its arguments."""
 
-    def __init__(self, *objects: dict[str, Any], conflicts: int = 0) -> None:
+    def __init__(self, *objects: dict[str, Any]) -> None:
         self.objects = {o["metadata"]["name"]: o for o in objects}
-        self.conflicts = conflicts
-        self.calls: list[str] = []
+        self.calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
 
     def resource_v1(self, what: str, operation: str, *args: Any, **kwargs: Any) -> dict[str, Any] | None:
-        self.calls.append(operation)
+        self.calls.append((operation, args[:1] if operation.startswith(("read_", "delete_")) else (), kwargs))
         if operation.startswith("read_"):
             return self.objects.get(args[0])
-        if self.conflicts:
-            self.conflicts -= 1
-            raise Conflict(f"could not {what}: it changed meanwhile (409 Conflict)")
+        if operation.startswith("list_"):
+            return {"items": list(self.objects.values())}
+        if operation.startswith("delete_"):
+            self.objects.pop(args[0], None)
+            return None
         body = dict(args[-1])
-        body["metadata"] = {**body["metadata"], "resourceVersion": str(len(self.calls))}
         self.objects[body["metadata"]["name"]] = body
         return body
 
@@ -42,21 +41,18 @@ def test_missing_claim_is_a_claim_error() -> None:
         KubeDra(FakeResourceApi()).get_claim("team", "gone")
 
 
-def test_publish_creates_then_leaves_alone_then_updates() -> None:
+def test_slices_are_listed_by_node_and_driver_written_and_deleted() -> None:
     api = FakeResourceApi()
     kube = KubeDra(api)
-    created = kube.publish_slice(resource_slice(NODE, GPUS, set(), "GiB"))
-    assert created["spec"]["pool"]["generation"] == 1
-    kube.publish_slice(resource_slice(NODE, GPUS, set(), "GiB"))
-    updated = kube.publish_slice(resource_slice(NODE, GPUS, {0}, "GiB"))
-    assert api.calls == ["read_resource_slice", "create_resource_slice", "read_resource_slice",
-                         "read_resource_slice", "replace_resource_slice"]
-    assert updated["spec"]["pool"]["generation"] == 2
-    assert [d["name"] for d in updated["spec"]["devices"]] == ["gpu-1"]
-
-
-def test_publish_reads_again_after_a_conflict_and_gives_up_in_the_end() -> None:
-    api = FakeResourceApi(conflicts=1)
-    assert KubeDra(api).publish_slice(resource_slice(NODE, GPUS, set(), "GiB"))["spec"]["nodeName"] == NODE
-    with pytest.raises(SliceError, match="kept changing"):
-        KubeDra(FakeResourceApi(conflicts=10)).publish_slice(resource_slice(NODE, GPUS, set(), "GiB"))
+    first, second = pool_slices(NODE, GPUS, set(), "GiB")
+    kube.write_slice(first)
+    kube.write_slice({**second, "metadata": {**second["metadata"], "resourceVersion": "3"}})
+    assert [s["metadata"]["name"] for s in kube.list_slices(NODE)] == [first["metadata"]["name"],
+                                                                      second["metadata"]["name"]]
+    kube.delete_slice(first["metadata"]["name"])
+    assert api.calls == [
+        ("create_resource_slice", (), {}),
+        ("replace_resource_slice", (), {}),
+        ("list_resource_slice", (), {"field_selector": f"spec.nodeName={NODE},spec.driver=gpushare.io"}),
+        ("delete_resource_slice", (first["metadata"]["name"],), {}),
+    ]

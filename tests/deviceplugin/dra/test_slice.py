@@ -6,7 +6,7 @@ import pytest
 
 from contract.keys import DRA_DRIVER
 from contract.modes import Unit
-from deviceplugin.dra.slice import gpu_index, inventory_slice, resource_slice, slice_name, slice_update
+from deviceplugin.dra.slice import gpu_index, inventory_slices, pool_plan, pool_slices, slice_name
 from deviceplugin.inventory import Gpu, Inventory
 from tests.harness.dra.claims import GPUS, NODE
 
@@ -23,34 +23,35 @@ def _device(name: str, index: int, uuid: str, value: str, one: str) -> dict[str,
 
 @pytest.mark.parametrize(("unit", "memory", "value", "one"), [("GiB", 16, "16Gi", "1Gi"), ("MiB", 16384, "16384Mi",
                                                                                              "1Mi")])
-def test_slice_has_one_device_per_gpu_with_memory_capacity(unit: Unit, memory: int, value: str, one: str) -> None:
+def test_one_slice_per_gpu_with_its_memory_capacity(unit: Unit, memory: int, value: str, one: str) -> None:
     gpus = [Gpu(0, "GPU-a", memory, minor=0), Gpu(1, "GPU-b", memory)]
-    assert resource_slice(NODE, gpus, set(), unit, generation=3) == {
+    assert pool_slices(NODE, gpus, set(), unit, generation=3) == [{
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceSlice",
-        "metadata": {"name": f"{NODE}-{DRA_DRIVER}"},
+        "metadata": {"name": f"{NODE}-{DRA_DRIVER}-gpu-{index}"},
         "spec": {
             "driver": DRA_DRIVER,
             "nodeName": NODE,
-            "pool": {"name": NODE, "generation": 3, "resourceSliceCount": 1},
-            "devices": [_device("gpu-0", 0, "GPU-a", value, one), _device("gpu-1", 1, "GPU-b", value, one)],
+            "pool": {"name": NODE, "generation": 3, "resourceSliceCount": 2},
+            "devices": [_device(f"gpu-{index}", index, uuid, value, one)],
         },
-    }
+    } for index, uuid in ((0, "GPU-a"), (1, "GPU-b"))]
 
 
 def test_unhealthy_gpu_is_left_out() -> None:
     inventory = Inventory(GPUS, "GiB", 4096)
     inventory.set_health(0, False)
-    devices = inventory_slice(NODE, inventory, "GiB")["spec"]["devices"]
-    assert [d["name"] for d in devices] == ["gpu-1"]
+    slices = inventory_slices(NODE, inventory, "GiB")
+    assert [d["name"] for s in slices for d in s["spec"]["devices"]] == ["gpu-1"]
+    assert [s["spec"]["pool"]["resourceSliceCount"] for s in slices] == [1]
 
 
 @pytest.mark.parametrize(
     ("node", "name"),
-    [("node-a", "node-a-gpushare.io"), ("Node_A", "node-a-gpushare.io"), ("x" * 300, "x" * 253)],
+    [("node-a", "node-a-gpushare.io-gpu-3"), ("Node_A", "node-a-gpushare.io-gpu-3"), ("x" * 300, "x" * 241 + "-gpu-3")],
 )
 def test_slice_name_is_a_dns_subdomain(node: str, name: str) -> None:
-    assert slice_name(node) == name
+    assert slice_name(node, 3) == name
 
 
 @pytest.mark.parametrize(("name", "index"), [("gpu-0", 0), ("gpu-12", 12), ("gpu-01", None), ("gpu-", None),
@@ -59,18 +60,35 @@ def test_gpu_index_of_device_name(name: str, index: int | None) -> None:
     assert gpu_index(name) == index
 
 
-def test_slice_update_creates_then_leaves_alone_then_bumps_generation() -> None:
-    wanted = resource_slice(NODE, GPUS, set(), "MiB")
-    assert slice_update(None, wanted) == wanted
-    # The API server writes quantities back in its own canonical form: 16384Ki is the same amount as 16Mi.
-    stored = {**wanted, "metadata": {**wanted["metadata"], "resourceVersion": "7"}}
-    stored["spec"] = {**wanted["spec"], "pool": {**wanted["spec"]["pool"], "generation": 4},
+def _stored(slices: list[dict[str, Any]], generation: int) -> list[dict[str, Any]]:
+    """As the API server holds them: a resourceVersion each, quantities in its canonical form (16384Ki = 16Mi)."""
+    return [{**s, "metadata": {**s["metadata"], "resourceVersion": str(n)},
+             "spec": {**s["spec"], "pool": {**s["spec"]["pool"], "generation": generation},
                       "devices": [{**d, "capacity": {"memory": {**d["capacity"]["memory"], "value": "16384Ki"}}}
-                                  for d in wanted["spec"]["devices"]]}
-    assert slice_update(stored, wanted) is None
-    fewer = resource_slice(NODE, GPUS, {1}, "MiB")
-    update = slice_update(stored, fewer)
-    assert update is not None
-    assert update["spec"]["pool"]["generation"] == 5
-    assert update["metadata"]["resourceVersion"] == "7"
-    assert update["spec"]["devices"] == fewer["spec"]["devices"]
+                                  for d in s["spec"]["devices"]]}} for n, s in enumerate(slices, 7)]
+
+
+def test_pool_plan_creates_then_leaves_alone_then_moves_every_slice_to_the_next_generation() -> None:
+    wanted = pool_slices(NODE, GPUS, set(), "MiB")
+    assert pool_plan([], wanted) == (wanted, [])
+    stored = _stored(wanted, 4)
+    assert pool_plan(stored, wanted) == ([], [])
+    fewer = pool_slices(NODE, GPUS, {1}, "MiB")
+    writes, deletes = pool_plan(stored, fewer)
+    assert deletes == [stored[1]["metadata"]["name"]]
+    assert [(w["metadata"]["name"], w["metadata"]["resourceVersion"], w["spec"]["pool"]) for w in writes] == [
+        (stored[0]["metadata"]["name"], "7", {"name": NODE, "generation": 5, "resourceSliceCount": 1})]
+
+
+def test_pool_plan_rewrites_a_pool_whose_slices_disagree() -> None:
+    """One slice missing (the rest at the old generation are ignored by consumers once a newer one exists), or
+    slices at two generations: every slice is written again at one new generation."""
+    wanted = pool_slices(NODE, GPUS, set(), "GiB")
+    stored = _stored(wanted, 2)
+    writes, _ = pool_plan(stored[1:], wanted)
+    assert [w["spec"]["pool"]["generation"] for w in writes] == [3, 3]
+    assert [w["metadata"].get("resourceVersion") for w in writes] == [None, "8"]
+    mixed = [stored[0], {**stored[1], "spec": {**stored[1]["spec"], "pool": {**stored[1]["spec"]["pool"],
+                                                                           "generation": 5}}}]
+    writes, _ = pool_plan(mixed, wanted)
+    assert [w["spec"]["pool"]["generation"] for w in writes] == [6, 6]

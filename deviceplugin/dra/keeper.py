@@ -1,0 +1,100 @@
+"""Keeping the node's ResourceSlices published: the kubelet deletes them, so they are read again and again, and
+written whenever one is missing or says something else than this node's GPUs."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from contract.modes import Unit
+from deviceplugin.apiserver import ApiServerError
+from deviceplugin.dra.slice import inventory_slices, pool_plan
+from deviceplugin.inventory import Inventory
+
+log = logging.getLogger(__name__)
+
+
+class SliceApi(Protocol):
+    """deviceplugin.dra.kube.KubeDra's slice methods (tests fake exactly these)."""
+
+    def list_slices(self, node: str) -> list[dict[str, Any]]: ...
+
+    def write_slice(self, body: Mapping[str, Any]) -> None: ...
+
+    def delete_slice(self, name: str) -> None: ...
+
+
+class SliceKeeper:
+    """One step reads the slice and writes it only when needed; a thread repeats the step every `interval`.
+
+    The kubelet deletes all of a node's ResourceSlices when it starts, and a driver's 30 s after the driver's
+    connection drops (pkg/kubelet/cm/dra/plugin/dra_plugin_manager.go:160-180, 215-262), and does not ask the
+    driver to publish them again: the driver finds them gone by reading. A step that finds what the last one found
+    logs nothing, so a healthy driver is quiet and a lasting failure is one line, not one per poll."""
+
+    def __init__(self, api: SliceApi, node: str, inventory: Inventory, unit: Unit, interval: float) -> None:
+        self.api = api
+        self.node = node
+        self.inventory = inventory
+        self.unit = unit
+        self.interval = interval
+        self.writes = 0
+        self.failures = 0
+        self._found = ""  # what the last step found, to log only a change
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="dra-slice", daemon=True)
+
+    def wanted(self) -> list[dict[str, Any]]:
+        """The slices this node's GPUs make now: one per healthy GPU (deviceplugin.dra.slice.pool_slices)."""
+        return inventory_slices(self.node, self.inventory, self.unit)
+
+    def step(self) -> bool:
+        """Read the node's slices and write them when one is missing or differs; True when it wrote. Failures
+        are logged (once while they last) and left to the next step."""
+        pool = f"the ResourceSlices of node {self.node}"
+        sentence = "T" + pool[1:]
+        try:
+            existing = self.api.list_slices(self.node)
+            writes, deletes = pool_plan(existing, self.wanted())
+            if not writes and not deletes:
+                self._note("current", logging.INFO, "%s are published and current.", sentence)
+                return False
+            for body in writes:
+                self.api.write_slice(body)
+            for name in deletes:
+                self.api.delete_slice(name)
+        except ApiServerError as exc:
+            self.failures += 1
+            self._note(f"failed: {exc}", logging.WARNING, "Could not publish %s: %s; the scheduler allocates no "
+                       "claim to a GPU whose slice is missing. Trying again every %g s (GPUSHARE_DRA_RESYNC_SECONDS); "
+                       "check the driver's API server access.", pool, exc, self.interval)
+            return False
+        self.writes += 1
+        why = ("were missing (the kubelet deletes a driver's slices when it starts and when the driver disconnects)"
+               if not existing else "differed from this node's GPUs")
+        self._found = "current"  # this line says so: the next step that finds them current is quiet
+        log.info("%s %s; published %d, deleted %d.", sentence, why, len(writes), len(deletes))
+        return True
+
+    def _note(self, found: str, level: int, message: str, *args: Any) -> None:
+        if found != self._found:
+            self._found = found
+            log.log(level, message, *args)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)  # a step's requests are bounded by GPUSHARE_DRA_TIMEOUT_SECONDS
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.step()
+            except Exception:  # a bug must not end the thread that keeps the slice published
+                log.exception("Keeping the ResourceSlices of node %s failed unexpectedly; trying again in %g s.",
+                              self.node, self.interval)

@@ -20,6 +20,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from contract.keys import DRA_DRIVER
 from deviceplugin.inventory import fake_gpus
 from e2e import control, extender, fakenvml, gpushare, netns, node, podnet, procs
 from e2e import settings as ports
@@ -288,6 +289,23 @@ class Cluster:
         self.procs.wait_ready("device-plugin", lambda: _has_capacity(kubectl, self.settings.node_name), 60,
                               "the node advertising aliyun.com/gpu-mem")
 
+    def start_dra(self) -> None:
+        """The DRA driver (deviceplugin/dra) as a host process with the device plugin's identity and GPUs; ready once
+        registered with the kubelet's plugin watcher and its node's ResourceSlice is published."""
+        log = self.log("dra-plugin")
+        offset = log.stat().st_size if log.exists() else 0
+        env = {**self.plugin_env(), "GPUSHARE_DRA_STATE_DIR": str(node.STATE_ROOT / "dra"),
+               "GPUSHARE_METRICS_BIND": f"127.0.0.1:{self.settings.port(ports.DRA_METRICS)}"}
+        self.procs.start("dra-plugin", [sys.executable, "-m", "deviceplugin.dra.main"], env=env, cwd=REPO)
+        self.procs.wait_ready("dra-plugin", lambda: b"gpushare DRA driver serving" in log.read_bytes()[offset:], 60,
+                              "serving")
+        kubectl = self.kubectl()
+        self.procs.wait_ready("dra-plugin", lambda: _has_slice(kubectl, self.settings.node_name), 60,
+                              "its node's ResourceSlice published")
+
+    def stop_dra(self) -> None:
+        self.procs.stop("dra-plugin")
+
     def use_delivery(self, delivery: str) -> None:
         """Switch the cluster-wide delivery mode: the ConfigMap, then the webhook and the plugin restarted."""
         self.delivery = delivery
@@ -319,6 +337,12 @@ def down(settings: E2eSettings) -> list[str]:
     if killed:
         notes.append(f"killed {killed} container processes")
     return notes
+
+
+def _has_slice(kubectl: Kubectl, node_name: str) -> bool:
+    code, out, _ = kubectl.run(["get", "resourceslices", "-o", "json"], timeout=10)
+    return code == 0 and any(s["spec"].get("driver") == DRA_DRIVER and s["spec"].get("nodeName") == node_name
+                             for s in json.loads(out)["items"])
 
 
 def _process_names() -> list[bytes]:

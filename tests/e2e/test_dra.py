@@ -1,0 +1,120 @@
+"""GPU memory through DRA with consumable capacity, on the real node: the driver's slice, the bug report's scenario
+with claims, containers sharing a claim, init containers, and driver and kubelet restarts while pods pull. No
+scheduler extender is involved: the scheduler's own DRA plugin picks the GPU and records what each claim consumes.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from contract.keys import DRA_DRIVER
+from deviceplugin.inventory import fake_gpus
+from e2e.cluster import Cluster
+from e2e.kube import Kubectl
+from tests.harness.cluster import dra
+from tests.harness.cluster import workloads as w
+
+
+@pytest.fixture(scope="module")
+def driver(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    with dra.driver_running(cluster, tmp_path_factory.mktemp("dra")):
+        yield cluster
+
+
+def _our_slices(kubectl: Kubectl, node: str) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = kubectl.json(["get", "resourceslices"])["items"]
+    return [s for s in items if s["spec"].get("driver") == DRA_DRIVER and s["spec"].get("nodeName") == node]
+
+
+def test_the_driver_publishes_one_slice_per_gpu_with_its_memory(driver: Cluster, kubectl: Kubectl) -> None:
+    published = _our_slices(kubectl, driver.settings.node_name)
+    gib = w.fake_capacity(driver.settings)
+    devices = sorted((d for s in published for d in s["spec"]["devices"]), key=lambda d: int(d["name"][4:]))
+    assert [d["name"] for d in devices] == [f"gpu-{i}" for i in range(len(published))] and devices
+    assert {s["spec"]["pool"]["resourceSliceCount"] for s in published} == {len(published)}
+    for device in devices:
+        # Kept by the API server only with DRAConsumableCapacity on: the proof the gate is on where it must be.
+        assert device.get("allowMultipleAllocations") is True, device
+        assert device["capacity"]["memory"]["value"] == f"{gib}Gi", device
+        assert device["capacity"]["memory"]["requestPolicy"]["default"] == "1Gi", device
+
+
+def test_the_bug_report_with_claims(driver: Cluster, kubectl: Kubectl, namespace: str) -> None:
+    """30 pods of 8 GiB on 4 x 64 GiB, a 10-second pull, 10 deleted while pulling and replaced."""
+    out = dra.run_replicaset(driver, kubectl, namespace, replicas=30, gib=8, pull_ms=10000, delete=10)
+    print(f"\nthe bug report with DRA claims: {json.dumps(out.__dict__)}", file=sys.stderr)
+    assert out.wrong_gpu == [] and out.made_up == [] and out.stuck == [] and out.failed == [], out
+    assert out.over_committed == {}, out
+    assert out.started == out.on_claimed_gpu == 30, out
+
+
+def test_containers_sharing_a_claim_and_an_init_container(driver: Cluster, kubectl: Kubectl, namespace: str) -> None:
+    """An init container and two app containers name one claim: all three get the claim's one GPU."""
+    img = w.image(driver)
+    kubectl.ok(["apply", "-n", namespace, "-f", "-"], stdin=json.dumps(dra.claim_template("gpu", 12)))
+    names = ("prep", "a", "b")
+    for n in range(4):
+        pod = w.pod(f"shared-{n}", [dra.claimed(w.container("a", img)), dra.claimed(w.container("b", img))],
+                    init=[dra.claimed(w.container("prep", img, then="exit 0"))])
+        code, text = w.create(kubectl, namespace, dra.with_claim(pod, "gpu"))
+        assert code == 0, text
+    dra.settle(kubectl, namespace, 4)
+    out = dra.outcome(driver, kubectl, namespace, names)
+    assert out.wrong_gpu == [] and out.made_up == [] and out.stuck == [] and out.failed == [], out
+    assert out.started == out.on_claimed_gpu == 4, out
+    assert sum(out.consumed_gib.values()) == 4 * 12, out
+
+
+@pytest.mark.parametrize("what", ["driver", "kubelet"])
+def test_a_restart_while_pods_pull_loses_nothing(driver: Cluster, kubectl: Kubectl, namespace: str,
+                                                 what: str) -> None:
+    """The driver (its checkpoint answers the kubelet's repeated calls) or the kubelet (which deletes every slice of
+    its node at start; the driver publishes it again) restarts while 8 pods pull."""
+    img = w.image(driver, 8000)
+    kubectl.ok(["apply", "-n", namespace, "-f", "-"], stdin=json.dumps(dra.claim_template("gpu", 16)))
+    template = dra.with_claim(w.pod("x", [dra.claimed(w.container("main", img))]), "gpu")
+    code, text = w.create(kubectl, namespace, w.replicaset("restart", 8, template))
+    assert code == 0, text
+    w.wait("8 pods bound", lambda: sum(bool(p["spec"].get("nodeName")) for p in w.pods(kubectl, namespace)) >= 8,
+           120, 0.5)
+    if what == "driver":
+        driver.stop_dra()
+        driver.start_dra()
+    else:
+        driver.procs.stop("kubelet")
+        driver.start_kubelet()
+        gpus = len(fake_gpus(driver.settings.fake_gpus, driver.settings.node_name, "GiB"))
+        w.wait("the driver's slices published again after the kubelet removed them",
+               lambda: len(_our_slices(kubectl, driver.settings.node_name)) == gpus, 120, 1)
+    dra.settle(kubectl, namespace, 8)
+    out = dra.outcome(driver, kubectl, namespace, ("main",))
+    assert out.wrong_gpu == [] and out.made_up == [] and out.stuck == [] and out.failed == [], out
+    assert out.over_committed == {} and out.started == out.on_claimed_gpu == 8, out
+
+
+def test_the_plugin_may_write_only_its_own_nodes_slice(driver: Cluster, tmp_path: Path) -> None:
+    """RBAC lets the plugin write ResourceSlices; the component's policy keeps it to its own node's."""
+    plugin = Kubectl(driver.conf / "plugin.kubeconfig")
+    other = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": "not-mine"},
+             "spec": {"driver": DRA_DRIVER, "nodeName": "another-node", "pool": {
+                 "name": "another-node", "generation": 1, "resourceSliceCount": 1}, "devices": []}}
+    code, out, err = plugin.run(["create", "-f", "-"], stdin=json.dumps(other))
+    assert code != 0, out
+    assert "may write only that node's ResourceSlice, not one of node another-node" in err, err
+
+
+def test_a_request_for_two_shares_is_refused_at_admission(driver: Cluster, namespace: str) -> None:
+    """One request of the class is one GPU share; the Kubernetes 1.34 scheduler would check a second device of one
+    request against the wrong device (manifests/dra/claim-policy.yaml)."""
+    template = dra.claim_template("two", 8)
+    template["spec"]["spec"]["devices"]["requests"][0]["exactly"]["count"] = 2
+    code, out = w.create(driver.kubectl(), namespace, template)
+    assert code != 0, out
+    assert (f"ResourceClaimTemplate {namespace}/two asks for more than one device of class gpushare.io in one "
+            "request") in out, out

@@ -1,0 +1,173 @@
+"""GPU memory through DRA on the real node: the driver's cluster objects, claim templates, pods that use them, and
+what every container received against what its claim's allocation names.
+
+The node serves GPU memory through one path at a time: while the DRA driver runs, the device plugin is stopped
+(both would count the same fake GPUs, neither knowing the other's shares).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from contract.keys import DRA_DRIVER
+from deviceplugin.dra.quantity import quantity_bytes
+from deviceplugin.dra.slice import gpu_index
+from e2e.cluster import Cluster
+from e2e.kube import Kubectl
+from tests.harness.cluster import workloads as w
+from tests.harness.manifests.render import render, render_with_component
+
+GIB = 1 << 30
+SETTLE_S = 300
+
+
+def component_objects(tmp: Any) -> list[dict[str, Any]]:
+    """The objects manifests/dra adds to an overlay: DeviceClass, RBAC, the slice policy and its binding."""
+    base = {(o["kind"], o["metadata"]["name"]) for o in render("self-signed")}
+    return [o for o in render_with_component("self-signed", "dra", tmp)
+            if (o["kind"], o["metadata"]["name"]) not in base]
+
+
+@contextlib.contextmanager
+def driver_running(cluster: Cluster, tmp: Any) -> Iterator[None]:
+    """The device plugin stopped, the component applied, the DRA driver started and its slice published; on
+    leaving, the driver stopped and the device plugin started again."""
+    kubectl = cluster.kubectl()
+    kubectl.ok(["apply", "-f", "-"], stdin="\n".join(json.dumps(o) for o in component_objects(tmp)))
+    cluster.procs.stop("device-plugin")
+    try:
+        cluster.start_dra()
+        yield
+    finally:
+        cluster.stop_dra()
+        cluster.start_plugin()
+
+
+def claim_template(name: str, gib: int) -> dict[str, Any]:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate", "metadata": {"name": name},
+            "spec": {"spec": {"devices": {"requests": [{
+                "name": "gpu", "exactly": {"deviceClassName": DRA_DRIVER,
+                                           "capacity": {"requests": {"memory": f"{gib}Gi"}}}}]}}}}
+
+
+def claimed(container: dict[str, Any], claim: str = "gpu") -> dict[str, Any]:
+    return {**container, "resources": {"claims": [{"name": claim}]}}
+
+
+def with_claim(pod: dict[str, Any], template: str, claim: str = "gpu") -> dict[str, Any]:
+    pod["spec"]["resourceClaims"] = [{"name": claim, "resourceClaimTemplateName": template}]
+    return pod
+
+
+@dataclass
+class DraOutcome:
+    pods: int = 0
+    started: int = 0
+    on_claimed_gpu: int = 0
+    wrong_gpu: list[str] = field(default_factory=list)
+    made_up: list[str] = field(default_factory=list)
+    stuck: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+    consumed_gib: dict[int, int] = field(default_factory=dict)
+    over_committed: dict[int, int] = field(default_factory=dict)
+    seconds: float | None = None
+
+
+def claim_gpus(kubectl: Kubectl, namespace: str, pod: dict[str, Any]) -> dict[int, int]:
+    """GPU index -> bytes the pod's claims consumed there, from the claims' allocation results (our driver's)."""
+    out: dict[int, int] = {}
+    for status in (pod.get("status") or {}).get("resourceClaimStatuses") or []:
+        if not status.get("resourceClaimName"):
+            continue
+        claim = kubectl.json(["get", "resourceclaim", "-n", namespace, status["resourceClaimName"]])
+        for result in ((claim.get("status") or {}).get("allocation") or {}).get("devices", {}).get("results") or []:
+            index = gpu_index(result.get("device", "")) if result.get("driver") == DRA_DRIVER else None
+            if index is not None:
+                memory = (result.get("consumedCapacity") or {}).get("memory", "0")
+                out[index] = out.get(index, 0) + int(quantity_bytes(memory))
+    return out
+
+
+def outcome(cluster: Cluster, kubectl: Kubectl, namespace: str, containers: tuple[str, ...]) -> DraOutcome:
+    s = cluster.settings
+    capacity_gib = w.fake_capacity(s)
+    live = [p for p in w.pods(kubectl, namespace) if not p["metadata"].get("deletionTimestamp")]
+    out = DraOutcome(pods=len(live))
+    consumed: dict[int, int] = {}
+    starts: list[datetime] = []
+    for p in live:
+        name = p["metadata"]["name"]
+        if w.phase(p) == "Failed":
+            out.failed.append(f"{name}: {w.reason(p)}")
+            continue
+        if not w.running(p):
+            out.stuck.append(f"{name}: {w.reason(p)}")
+            continue
+        out.started += 1
+        for status in (p.get("status") or {}).get("containerStatuses") or []:
+            started_at = ((status.get("state") or {}).get("running") or {}).get("startedAt")
+            if started_at:
+                starts.append(datetime.fromisoformat(started_at.replace("Z", "+00:00")))
+        claimed_gpus = claim_gpus(kubectl, namespace, p)
+        for gpu, size in claimed_gpus.items():
+            consumed[gpu] = consumed.get(gpu, 0) + size
+        got_all = set()
+        for container_name in containers:
+            rep = w.report(kubectl, namespace, name, container_name)
+            got = None if rep is None else w.gpu_of(rep, "cdi", s.node_name, s.fake_gpus)
+            if got is None or rep is None or rep.idx != str(got):
+                out.made_up.append(f"{name}/{container_name}: {rep}")
+            elif got not in claimed_gpus:
+                out.wrong_gpu.append(f"{name}/{container_name}: got GPU {got}, its claim names {sorted(claimed_gpus)}")
+            else:
+                got_all.add(got)
+        if got_all and got_all == set(claimed_gpus):
+            out.on_claimed_gpu += 1
+    out.consumed_gib = {g: b // GIB for g, b in sorted(consumed.items())}
+    out.over_committed = {g: gib for g, gib in out.consumed_gib.items() if gib > capacity_gib}
+    created = [datetime.fromisoformat(t.replace("Z", "+00:00")) for t in kubectl.ok(
+        ["get", "replicasets,pods", "-n", namespace, "-o",
+         "jsonpath={.items[*].metadata.creationTimestamp}"]).split()]
+    if starts and created:
+        out.seconds = (max(starts) - min(created)).total_seconds()
+    return out
+
+
+def run_replicaset(cluster: Cluster, kubectl: Kubectl, namespace: str, replicas: int, gib: int, pull_ms: int,
+                   delete: int) -> DraOutcome:
+    """The bug report's scenario with claims: a ReplicaSet of pods that each claim `gib` GiB from a template,
+    `delete` of them deleted while their image is pulled and replaced by the ReplicaSet controller."""
+    img = w.image(cluster, pull_ms)
+    kubectl.ok(["apply", "-n", namespace, "-f", "-"], stdin=json.dumps(claim_template("gpu", gib)))
+    template = with_claim(w.pod("x", [claimed(w.container("main", img))]), "gpu")
+    code, text = w.create(kubectl, namespace, w.replicaset("dra", replicas, template))
+    assert code == 0, text
+
+    def pulling() -> list[str]:
+        return [p["metadata"]["name"] for p in w.pods(kubectl, namespace)
+                if p["spec"].get("nodeName") and not w.running(p) and w.phase(p) == "Pending"]
+
+    if delete:
+        w.wait(f"{delete} pods bound and still pulling", lambda: len(pulling()) >= delete, 120, 0.5)
+        kubectl.ok(["delete", "pods", "-n", namespace, "--wait=false", *pulling()[:delete]])
+    settle(kubectl, namespace, replicas)
+    return outcome(cluster, kubectl, namespace, ("main",))
+
+
+def settle(kubectl: Kubectl, namespace: str, replicas: int) -> None:
+    def live() -> list[dict[str, Any]]:
+        return [p for p in w.pods(kubectl, namespace) if not p["metadata"].get("deletionTimestamp")]
+
+    def settled() -> bool:
+        items = live()
+        return len([p for p in items if w.phase(p) != "Failed"]) >= replicas and all(map(w.settled, items))
+
+    with contextlib.suppress(AssertionError):  # a pod that never settles is counted as stuck, with its reason
+        w.wait(f"{replicas} live pods, all running or failed", settled, SETTLE_S, 2)
+    time.sleep(1)

@@ -1,6 +1,7 @@
-"""GPU memory through DRA with consumable capacity, on the real node: the driver's slice, the bug report's scenario
+"""GPU memory through DRA with consumable capacity, on the real node: the driver's slices, the bug report's scenario
 with claims, containers sharing a claim, init containers, and driver and kubelet restarts while pods pull. No
-scheduler extender is involved: the scheduler's own DRA plugin picks the GPU and records what each claim consumes.
+scheduler extender runs meanwhile: the scheduler's own DRA plugin picks the GPU and records what each claim
+consumes.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ def _our_slices(kubectl: Kubectl, node: str) -> list[dict[str, Any]]:
 
 
 def test_the_driver_publishes_one_slice_per_gpu_with_its_memory(driver: Cluster, kubectl: Kubectl) -> None:
+    assert "extender" not in driver.procs.procs  # stopped for these tests: claims need no extender
     published = _our_slices(kubectl, driver.settings.node_name)
     gib = w.fake_capacity(driver.settings)
     devices = sorted((d for s in published for d in s["spec"]["devices"]), key=lambda d: int(d["name"][4:]))

@@ -18,6 +18,7 @@ from typing import Any
 from contract.keys import DRA_DRIVER
 from deviceplugin.dra.quantity import quantity_bytes
 from deviceplugin.dra.slice import gpu_index
+from e2e import extender
 from e2e.cluster import Cluster
 from e2e.kube import Kubectl
 from tests.harness.cluster import workloads as w
@@ -36,16 +37,19 @@ def component_objects(tmp: Any) -> list[dict[str, Any]]:
 
 @contextlib.contextmanager
 def driver_running(cluster: Cluster, tmp: Any) -> Iterator[None]:
-    """The device plugin stopped, the component applied, the DRA driver started and its slice published; on
-    leaving, the driver stopped and the device plugin started again."""
+    """The device plugin and the scheduler extender stopped (claims need neither), the component applied, the DRA
+    driver started and its slices published; on leaving, the driver stopped, the extender and the device plugin
+    started again."""
     kubectl = cluster.kubectl()
     kubectl.ok(["apply", "-f", "-"], stdin="\n".join(json.dumps(o) for o in component_objects(tmp)))
     cluster.procs.stop("device-plugin")
+    extender.stop(cluster.procs)
     try:
         cluster.start_dra()
         yield
     finally:
         cluster.stop_dra()
+        cluster.start_extender()
         cluster.start_plugin()
 
 

@@ -14,7 +14,7 @@ from common.cli import Variable
 from common.escape import printable
 from common.settings import SettingsError
 from contract import DEFAULT_PREFIX, DEFAULT_RESOURCE, Contract, ProtocolError, contract_from
-from kubectlplugin import cluster, model, render
+from kubectlplugin import cluster, dra, model, render
 
 PROG = "kubectl-gpushare"
 USAGE = "kubectl gpushare [NODE ...] [-d] [-o {table,json}] [--kubeconfig PATH] [--context NAME] [-n NAMESPACE | -A]"
@@ -96,8 +96,9 @@ def options_from(argv: Sequence[str], env: Mapping[str, str]) -> Options:
 
 
 def show(options: Options, snapshot: cluster.Snapshot) -> str:
+    shares = dra.claim_rows(snapshot.claims, snapshot.pods, options.contract.unit)
     report = model.build(snapshot.nodes, snapshot.pods, snapshot.events, options.contract,
-                         namespace=options.namespace, only_nodes=options.nodes)
+                         namespace=options.namespace, only_nodes=options.nodes, shares=shares)
     if options.output == "json":
         return render.as_json(report)
     text = render.summary(report)
@@ -113,6 +114,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(printable(f"error: {text[:1].upper()}{text[1:]}{'' if text.endswith('.') else '.'}"), file=sys.stderr)
         return 1
     print(show(options, snapshot))
+    for note in snapshot.notes:  # on stderr: `-o json` stays one JSON document
+        print(printable(f"warning: {note[:1].upper()}{note[1:]}{'' if note.endswith('.') else '.'}"), file=sys.stderr)
     return 0
 
 

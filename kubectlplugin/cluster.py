@@ -12,7 +12,7 @@ import logging
 import os
 import re
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 _CONNECTION_PREFIX = re.compile(r"^(<[^>]*>|HTTPS?Connection\([^)]*\)): ")
@@ -21,7 +21,11 @@ PAGE = 500  # items per list request; large clusters are read in pages (the API 
 
 
 class ClusterError(Exception):
-    """The cluster could not be read; the text is the one line the user sees."""
+    """The cluster could not be read; the text is the one line the user sees, `status` the HTTP status if any."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 @dataclass(frozen=True)
@@ -42,6 +46,8 @@ class Snapshot:
     nodes: list[dict[str, Any]]
     pods: list[dict[str, Any]]
     events: list[dict[str, Any]]
+    claims: list[dict[str, Any]] = field(default_factory=list)  # ResourceClaims (resource.k8s.io/v1)
+    notes: tuple[str, ...] = ()  # what could not be read, said under the table
 
 
 def kubeconfig_files(access: Access) -> list[str]:
@@ -159,7 +165,23 @@ def read(access: Access, namespace: str | None) -> Snapshot:
         else:
             pods = _list(access, server, f"list pods in {where}", core.list_pod_for_all_namespaces)
             events = _list(access, server, f"list events in {where}", core.list_event_for_all_namespaces)
-    return Snapshot(server, nodes, pods, events)
+        claims, notes = _claims(access, server, client.ResourceV1Api(api_client), namespace, where)
+    return Snapshot(server, nodes, pods, events, claims, notes)
+
+
+def _claims(access: Access, server: str, api: Any, namespace: str | None, where: str
+            ) -> tuple[list[dict[str, Any]], tuple[str, ...]]:
+    """The ResourceClaims (DRA shares), or none and a note saying why: a cluster without resource.k8s.io/v1, or a
+    user who may not list claims, still sees the device-plugin shares."""
+    what = f"list ResourceClaims in {where}"
+    try:
+        if namespace:
+            return _list(access, server, what, api.list_namespaced_resource_claim, namespace), ()
+        return _list(access, server, what, api.list_resource_claim_for_all_namespaces), ()
+    except ClusterError as exc:
+        if exc.status == 404:  # resource.k8s.io/v1 is not served: no claim can hold GPU memory
+            return [], ()
+        return [], (f"DRA shares not shown: {exc}",)
 
 
 def _list(access: Access, server: str, what: str, method: Any, *args: Any) -> list[dict[str, Any]]:
@@ -180,7 +202,7 @@ def _call(access: Access, server: str, what: str, method: Any, *args: Any, **kwa
         response = method(*args, _preload_content=False, _request_timeout=access.timeout, **kwargs)
         doc = json.loads(response.data)
     except ApiException as exc:
-        raise ClusterError(_refused(exc, server, what)) from exc
+        raise ClusterError(_refused(exc, server, what), exc.status) from exc
     except ValueError as exc:
         raise ClusterError(f"the API server at {server} answered the request to {what} with something that is not "
                            "JSON; check that the kubeconfig points at a Kubernetes API server") from exc
@@ -205,7 +227,9 @@ def _refused(exc: Any, server: str, what: str) -> str:
         return (f"the API server at {server} did not accept your credentials (401 Unauthorized); log in again or "
                 "fix the user of your kubeconfig context")
     if exc.status == 403:
-        hint = "ask for a role that may list nodes, pods and events (the view ClusterRole and list on nodes)"
+        hint = ("ask for a role that may list resourceclaims of resource.k8s.io (the view ClusterRole)"
+                if "ResourceClaims" in what else
+                "ask for a role that may list nodes, pods and events (the view ClusterRole and list on nodes)")
         if "all namespaces" in what:
             hint += ", or run with -n NAMESPACE for one namespace you may read"
         return f"you may not {what} (403 Forbidden: {_one_line(message)}); {hint}"

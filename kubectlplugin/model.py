@@ -255,12 +255,13 @@ def _gpu_layout(node: Obj, resource: str) -> tuple[int, int | None]:
 
 
 def build(nodes: Iterable[Obj], pods: Iterable[Obj], events: Iterable[Obj], contract: Contract, *,
-          namespace: str | None = None, only_nodes: Sequence[str] = (), now: datetime.datetime | None = None
-          ) -> Report:
-    """Every GPU of every GPU-share node with the pods promised to it; pods bound without a GPU; pods pending."""
+          namespace: str | None = None, only_nodes: Sequence[str] = (), now: datetime.datetime | None = None,
+          shares: Iterable[PodRow] = ()) -> Report:
+    """Every GPU of every GPU-share node with the pods promised to it; pods bound without a GPU; pods pending.
+    `shares`: rows of GPU memory held otherwise (DRA claims, kubectlplugin/dra.py), counted alike."""
     by_uid = by_pod(events)
     moment = now or datetime.datetime.now(datetime.UTC)
-    rows: list[tuple[PodRow, int | None]] = []
+    rows: list[tuple[PodRow, int | None]] = [(row, None) for row in shares]
     for pod in pods:
         found = pod_row(pod, contract, by_uid.get(str(_meta(pod).get("uid", "")), ()), moment)
         if found is not None:

@@ -25,6 +25,8 @@ PURE = [
     "contract.env",
     "contract.signing",
     "contract.holding",
+    "contract.quantity",
+    "contract.dra",
     "webhook.review",
     "webhook.envrules",
     "webhook.mutate",
@@ -40,7 +42,6 @@ PURE = [
     "deviceplugin.blame",
     "deviceplugin.trust",
     "deviceplugin.errors",
-    "deviceplugin.dra.quantity",
     "deviceplugin.dra.slice",
     "deviceplugin.dra.claims",
     "deviceplugin.dra.cdispec",
@@ -56,6 +57,7 @@ PURE = [
     "kubectlplugin.events",
     "kubectlplugin.model",
     "kubectlplugin.render",
+    "kubectlplugin.dra",
 ]
 FORBIDDEN = ("flask", "werkzeug", "grpc", "kubernetes", "gunicorn")
 

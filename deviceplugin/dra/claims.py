@@ -6,10 +6,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from contract.dra import MEMORY, gpu_index
 from contract.keys import DRA_DRIVER
 from contract.modes import Unit
-from deviceplugin.dra.quantity import QuantityError, quantity_units
-from deviceplugin.dra.slice import MEMORY, gpu_index
+from contract.quantity import QuantityError, quantity_units
 from deviceplugin.inventory import Gpu
 
 

@@ -44,6 +44,7 @@ class SliceKeeper:
         self.failures = 0
         self._found = ""  # what the last step found, to log only a change
         self._stop = threading.Event()
+        self._wake = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="dra-slice", daemon=True)
 
     def wanted(self) -> list[dict[str, Any]]:
@@ -83,18 +84,27 @@ class SliceKeeper:
             self._found = found
             log.log(level, message, *args)
 
+    def wake(self) -> None:
+        """Step now rather than at the next interval (a GPU's health changed)."""
+        self._wake.set()
+
     def start(self) -> None:
         self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
+        self._wake.set()
         if self._thread.is_alive():
             self._thread.join(timeout=5)  # a step's requests are bounded by GPUSHARE_DRA_TIMEOUT_SECONDS
 
     def _loop(self) -> None:
-        while not self._stop.wait(self.interval):
+        while True:
+            self._wake.wait(self.interval)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
             try:
                 self.step()
-            except Exception:  # a bug must not end the thread that keeps the slice published
+            except Exception:  # a bug must not end the thread that keeps the slices published
                 log.exception("Keeping the ResourceSlices of node %s failed unexpectedly; trying again in %g s.",
                               self.node, self.interval)

@@ -37,7 +37,7 @@ from deviceplugin.dra.keeper import SliceApi, SliceKeeper
 from deviceplugin.dra.kube import KubeDra
 from deviceplugin.dra.servicer import DRAPluginServicer, RegistrationServicer, serve_plugin, serve_registration
 from deviceplugin.dra.settings import DRA_VARIABLES, DraSettings
-from deviceplugin.inventory import Inventory, InventoryError, load_inventory
+from deviceplugin.inventory import Inventory, InventoryError, XidWatcher, load_inventory
 from deviceplugin.metrics import MetricsServer
 
 log = logging.getLogger(__name__)
@@ -64,6 +64,7 @@ class DraPlugin:
         self.inventory = inventory
         self.driver: Driver | None = None
         self.keeper: SliceKeeper | None = None
+        self._xid: XidWatcher | None = None
         self.registration: RegistrationServicer | None = None
         self.metrics_server: MetricsServer | None = None
         self._own_api: KubeApiServer | None = None
@@ -103,6 +104,10 @@ class DraPlugin:
             log.info("serving Prometheus metrics on http://%s:%s/metrics", *self.metrics_server.address)
         self.keeper.step()
         self.keeper.start()
+        if self.inventory.real:  # a GPU with a critical XID leaves the pool at once (health.go of NVIDIA's plugin)
+            keeper = self.keeper
+            self._xid = XidWatcher(self.inventory, on_event=lambda gpu, xid: keeper.wake())
+            self._xid.start()
         log.info("gpushare DRA driver serving %d GPUs of node %s on %s, registration on %s, ResourceSlice checked "
                  "every %g s", len(self.inventory.gpus), n.node_name, s.socket_path, s.registration_path,
                  s.resync_seconds)
@@ -123,6 +128,9 @@ class DraPlugin:
         return registry
 
     def stop(self) -> None:
+        if self._xid is not None:
+            self._xid.stop()
+            self._xid = None
         if self.keeper is not None:
             self.keeper.stop()
         for server in reversed(self._servers):  # registration first: the kubelet stops sending work

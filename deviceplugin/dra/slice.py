@@ -6,29 +6,15 @@ import re
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
+from contract.dra import DEVICE_PREFIX, MEMORY, device_name
 from contract.keys import DRA_DRIVER
 from contract.modes import Unit
-from deviceplugin.dra.quantity import QuantityError, quantity_bytes, units_quantity
+from contract.quantity import QuantityError, quantity_bytes, units_quantity
 from deviceplugin.inventory import Gpu, Inventory
 
 API_VERSION = "resource.k8s.io/v1"
-# The capacity name claims request (`capacity.requests.memory`) and results consume (`consumedCapacity.memory`).
-MEMORY = "memory"
-DEVICE_PREFIX = "gpu-"
 _NAME_MAX = 253  # metadata.name: a DNS subdomain
 _NOT_NAME_RE = re.compile(r"[^a-z0-9.-]+")
-
-
-def device_name(gpu: Gpu) -> str:
-    return f"{DEVICE_PREFIX}{gpu.index}"
-
-
-def gpu_index(name: str) -> int | None:
-    """The GPU index a device name of ours stands for (None: not one of our names)."""
-    number = name.removeprefix(DEVICE_PREFIX)
-    if name == number or not number.isdigit() or str(int(number)) != number:
-        return None
-    return int(number)
 
 
 def slice_name(node: str, index: int) -> str:
@@ -40,7 +26,7 @@ def slice_name(node: str, index: int) -> str:
 def gpu_device(gpu: Gpu, unit: Unit) -> dict[str, Any]:
     one = units_quantity(1, unit)
     return {
-        "name": device_name(gpu),
+        "name": device_name(gpu.index),
         "attributes": {"index": {"int": gpu.index}, "uuid": {"string": gpu.uuid}},
         # requestPolicy.default matters: a claim that omits the memory request would otherwise consume the whole
         # GPU (k8s.io/dynamic-resource-allocation structured/internal/experimental/consumable_capacity.go).

@@ -16,6 +16,7 @@ import pytest
 
 from contract.keys import DRA_DRIVER
 from deviceplugin.inventory import fake_gpus
+from e2e import fakenvml
 from e2e.cluster import Cluster
 from e2e.kube import Kubectl
 from tests.harness.cluster import dra
@@ -54,6 +55,15 @@ def test_the_bug_report_with_claims(driver: Cluster, kubectl: Kubectl, namespace
     assert out.wrong_gpu == [] and out.made_up == [] and out.stuck == [] and out.failed == [], out
     assert out.over_committed == {}, out
     assert out.started == out.on_claimed_gpu == 30, out
+    # `kubectl gpushare` shows the DRA shares on the GPUs their claims name, as it shows annotation-based ones.
+    shown = w.kubectl_gpushare("--kubeconfig", str(driver.admin_kubeconfig), "-n", namespace, "-o", "json")
+    assert shown.returncode == 0 and shown.stderr == "", shown.stderr
+    gpus = {g["index"]: g for n in json.loads(shown.stdout)["nodes"] for g in n["gpus"]}
+    live = {p["metadata"]["name"] for p in w.pods(kubectl, namespace) if not p["metadata"].get("deletionTimestamp")}
+    listed = {p["name"]: p for g in gpus.values() for p in g["pods"] if p["name"] in live}
+    assert len(listed) == 30 and {p["units"] for p in listed.values()} == {8}, shown.stdout
+    assert all(p["gpu"] in out.consumed_gib for p in listed.values()), shown.stdout
+    assert all(g["promised"] <= w.fake_capacity(driver.settings) for g in gpus.values()), shown.stdout
 
 
 def test_containers_sharing_a_claim_and_an_init_container(driver: Cluster, kubectl: Kubectl, namespace: str) -> None:
@@ -120,3 +130,25 @@ def test_a_request_for_two_shares_is_refused_at_admission(driver: Cluster, names
     assert code != 0, out
     assert (f"ResourceClaimTemplate {namespace}/two asks for more than one device of class gpushare.io in one "
             "request") in out, out
+
+
+def test_a_critical_xid_takes_the_gpu_out_of_the_pool(driver: Cluster, kubectl: Kubectl) -> None:
+    """NVML reports XID 79 (fallen off the bus) for one GPU: its slice leaves the pool at once, so no new claim is
+    allocated there; health comes back with a driver restart, as with the device plugin."""
+    s = driver.settings
+    gpus = fake_gpus(s.fake_gpus, s.node_name, "GiB")
+    lost = gpus[-1]
+
+    def devices() -> list[str]:
+        return sorted(d["name"] for sl in _our_slices(kubectl, s.node_name) for d in sl["spec"]["devices"])
+
+    try:
+        fakenvml.inject_xid(driver.nvml_events, lost.uuid, 79)
+        w.wait("the GPU with the XID out of the pool", lambda: devices() == [f"gpu-{g.index}" for g in gpus[:-1]],
+               60, 1)
+        assert f"GPU {lost.index} ({lost.uuid}) reported critical XID 79" in driver.log("dra-plugin").read_text(
+            errors="replace")
+    finally:
+        driver.stop_dra()
+        driver.start_dra()
+    w.wait("every GPU back in the pool after the restart", lambda: len(devices()) == len(gpus), 60, 1)

@@ -5,10 +5,7 @@ list nodes, a kubeconfig that does not exist and a server that does not answer e
 from __future__ import annotations
 
 import json
-import os
 import socket
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,20 +13,13 @@ import pytest
 
 from contract import ASSIGNED, IDX, POD
 from e2e.cluster import Cluster
-from e2e.kube import Kubectl, kubectl_path
+from e2e.kube import Kubectl
 from tests.harness.cluster import workloads as w
 
 # GPU-share pods here are placed by the reference scheduler extender (skipped, with the reason, without it).
 pytestmark = pytest.mark.usefixtures("needs_extender")
 
-PLUGIN_DIR = Path(sys.executable).parent  # where `pip install` put kubectl-gpushare
-
-
-def gpushare(*args: str) -> subprocess.CompletedProcess[str]:
-    """`kubectl gpushare ARGS`: kubectl finds kubectl-gpushare on PATH (flags must follow the plugin's name)."""
-    env = {**os.environ, "PATH": f"{PLUGIN_DIR}{os.pathsep}{os.environ.get('PATH', '')}"}
-    return subprocess.run([kubectl_path(), "gpushare", *args], capture_output=True, text=True, timeout=60,
-                          env=env, check=False)
+gpushare = w.kubectl_gpushare
 
 
 def expected(pods: list[dict[str, Any]]) -> dict[tuple[str, int], tuple[int, int, list[str]]]:

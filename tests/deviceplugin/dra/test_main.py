@@ -265,3 +265,26 @@ def test_the_process_serves_until_sigterm_then_removes_its_sockets(tmp: Path) ->
     assert sum("Could not publish the ResourceSlices of node" in line for line in lines) == 1
     assert "Received SIGTERM" in text and "Traceback" not in text
     assert not os.path.exists(settings.socket_path) and not os.path.exists(settings.registration_path)
+
+
+def test_a_health_change_wakes_the_keeper_before_its_interval() -> None:
+    """The XID watcher's callback: the keeper steps now, not an interval (an hour here) later, and the unhealthy
+    GPU's slice is gone."""
+    inventory = Inventory(GPUS, "GiB", 4096)
+    api = FakeDraApi()
+    keeper = SliceKeeper(api, NODE, inventory, "GiB", interval=3600)
+    keeper.step()
+    assert sorted(api.slices) == SLICES
+    keeper.start()
+    try:
+        inventory.set_health(1, False)
+        keeper.wake()
+        pause = threading.Event()  # never set: a bounded wait for the keeper's thread
+        for _ in range(300):
+            if sorted(api.slices) == [SLICE]:
+                break
+            pause.wait(0.1)
+    finally:
+        keeper.stop()
+    assert sorted(api.slices) == [SLICE]
+    assert api.slices[SLICE]["spec"]["pool"]["resourceSliceCount"] == 1

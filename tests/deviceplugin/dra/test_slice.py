@@ -4,9 +4,10 @@ from typing import Any
 
 import pytest
 
+from contract.dra import gpu_index
 from contract.keys import DRA_DRIVER
 from contract.modes import Unit
-from deviceplugin.dra.slice import gpu_index, inventory_slices, pool_plan, pool_slices, slice_name
+from deviceplugin.dra.slice import inventory_slices, pool_plan, pool_slices, slice_name
 from deviceplugin.inventory import Gpu, Inventory
 from tests.harness.dra.claims import GPUS, NODE
 

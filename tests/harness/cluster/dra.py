@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from contract.dra import gpu_index
 from contract.keys import DRA_DRIVER
-from deviceplugin.dra.quantity import quantity_bytes
-from deviceplugin.dra.slice import gpu_index
+from contract.quantity import quantity_bytes
 from e2e import extender
 from e2e.cluster import Cluster
 from e2e.kube import Kubectl

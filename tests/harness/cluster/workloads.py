@@ -8,11 +8,15 @@ without a veth and an address of the pod network (e2e/podnet.py), which the inst
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from contract import IDX, POD
@@ -21,7 +25,7 @@ from deviceplugin.inventory import fake_gpus
 from e2e import settings as ports
 from e2e.cluster import Cluster
 from e2e.images import REPORT
-from e2e.kube import Kubectl
+from e2e.kube import Kubectl, kubectl_path
 from e2e.settings import E2eSettings
 
 RESOURCE = DEFAULT_RESOURCE
@@ -196,3 +200,13 @@ def events(kubectl: Kubectl, namespace: str, name: str) -> list[dict[str, Any]]:
     items: list[dict[str, Any]] = kubectl.json(
         ["get", "events", "-n", namespace, "--field-selector", f"involvedObject.name={name}"])["items"]
     return items
+
+
+PLUGIN_DIR = Path(sys.executable).parent  # where `pip install` put kubectl-gpushare
+
+
+def kubectl_gpushare(*args: str) -> subprocess.CompletedProcess[str]:
+    """`kubectl gpushare ARGS`: kubectl finds kubectl-gpushare on PATH (flags must follow the plugin's name)."""
+    env = {**os.environ, "PATH": f"{PLUGIN_DIR}{os.pathsep}{os.environ.get('PATH', '')}"}
+    return subprocess.run([kubectl_path(), "gpushare", *args], capture_output=True, text=True, timeout=60,
+                          env=env, check=False)

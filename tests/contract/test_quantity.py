@@ -5,7 +5,7 @@ from fractions import Fraction
 import pytest
 
 from contract.modes import Unit
-from deviceplugin.dra.quantity import QuantityError, quantity_bytes, quantity_units, units_quantity
+from contract.quantity import QuantityError, quantity_bytes, quantity_units, units_quantity
 
 
 @pytest.mark.parametrize(

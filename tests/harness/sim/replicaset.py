@@ -14,6 +14,8 @@ log = logging.getLogger(__name__)
 
 RS_USER = "system:serviceaccount:kube-system:replicaset-controller"
 GROUP_LABEL = "sim.gpushare.io/group"
+# How long a creation that met a server error waits before the group is reconciled again.
+RETRY_S = 0.2
 
 
 def _active(pod: Pod) -> bool:
@@ -33,7 +35,8 @@ class ReplicaSet:
         self.replicas = replicas
         self.template = template
         self.created: list[str] = []
-        self.errors: list[str] = []
+        self.errors: list[str] = []  # refusals of the template: final, and read by the tests
+        self.retried: list[str] = []  # server errors the creation was retried after
         self._lock = threading.Condition()
         self._pods: dict[str, Pod] = {}
         self._creating = 0
@@ -74,19 +77,27 @@ class ReplicaSet:
         return body
 
     def _create(self) -> None:
+        retry = False
         try:
             pod = self.api.create_pod(self.namespace, self._pod_body())
             with self._lock:
                 self.created.append(pod["metadata"]["name"])
                 self._pods.setdefault(pod["metadata"]["uid"], pod)
         except ApiError as exc:
-            log.info("replicaset %s: creating a pod failed: %s", self.name, exc.message)
+            # A refusal (4xx: admission denied the template) is final; a server error or a timeout (a webhook call
+            # that failed under load) is retried, as the real controller requeues a failed creation with backoff
+            # (k8s.io/kubernetes pkg/controller/replicaset/replica_set.go, manageReplicas / syncReplicaSet).
+            retry = exc.code >= 500 or exc.code in (408, 429)
+            log.info("replicaset %s: creating a pod failed%s: %s", self.name, "; retrying" if retry else "",
+                     exc.message)
             with self._lock:
-                self.errors.append(exc.message)
+                (self.retried if retry else self.errors).append(exc.message)
         finally:
             with self._lock:
                 self._creating -= 1
                 self._lock.notify_all()
+        if retry and not self._closed.wait(RETRY_S):
+            self._reconcile()
 
     def _reconcile(self) -> None:
         with self._lock:

@@ -67,6 +67,34 @@ class Knob:
 CONTAINERS = "spec.template.spec.containers[*]"
 WEBHOOK = "spec.template.spec.containers[name=webhook]"
 PLUGIN = "spec.template.spec.containers[name=device-plugin]"
+DRA = "spec.template.spec.containers[name=dra-plugin]"
+
+
+def node_plugin_knobs(head: str, daemonset: str, container: str, what: str, nodes: str) -> tuple[Knob, ...]:
+    """The values of a node plugin's DaemonSet (the device plugin's, the DRA driver's): where it runs, its
+    resources, and env entries, mounts and volumes added to its own (the way to give it an NVML library your nodes
+    provide another way, or the real-cluster tier's fake one)."""
+    pod = "spec.template.spec"
+    return (
+        Knob(where=(Where("DaemonSet", daemonset, f"{pod}.nodeSelector"),),
+             values=(Value(f"{head}.nodeSelector", nodes),), block=True),
+        Knob(where=(Where("DaemonSet", daemonset, f"{pod}.tolerations"),),
+             values=(Value(f"{head}.tolerations", f"Taints of GPU nodes {what} tolerates."),), block=True),
+        Knob(where=(Where("DaemonSet", daemonset, f"{container}.resources"),),
+             values=(Value(f"{head}.resources", f"The resource requests and limits of {what}'s container."),),
+             block=True),
+        Knob(where=(Where("DaemonSet", daemonset, f"{container}.env"),),
+             values=(Value(f"{head}.extraEnv", f"Environment variables added to {what} container's (a list of "
+                           "EnvVar), for example to point it at an NVML library your nodes provide another way."),),
+             block=True, append=True),
+        Knob(where=(Where("DaemonSet", daemonset, f"{container}.volumeMounts"),),
+             values=(Value(f"{head}.extraVolumeMounts", f"Volume mounts added to {what} container's (a list of "
+                           f"VolumeMount), of volumes in {head}.extraVolumes."),), block=True, append=True),
+        Knob(where=(Where("DaemonSet", daemonset, f"{pod}.volumes"),),
+             values=(Value(f"{head}.extraVolumes", f"Volumes added to {what} pod's (a list of Volume)."),),
+             block=True, append=True),
+    )
+
 
 KNOBS: tuple[Knob, ...] = (
     Knob(
@@ -112,39 +140,11 @@ KNOBS: tuple[Knob, ...] = (
         values=(Value("webhook.resources", "The webhook container's resource requests and limits."),),
         block=True,
     ),
-    Knob(
-        where=(Where("DaemonSet", "gpushare-device-plugin", "spec.template.spec.nodeSelector"),),
-        values=(Value("devicePlugin.nodeSelector", "The nodes that run the device plugin (label your GPU nodes)."),),
-        block=True,
-    ),
-    Knob(
-        where=(Where("DaemonSet", "gpushare-device-plugin", "spec.template.spec.tolerations"),),
-        values=(Value("devicePlugin.tolerations", "Taints of GPU nodes the device plugin tolerates."),),
-        block=True,
-    ),
-    Knob(
-        where=(Where("DaemonSet", "gpushare-device-plugin", f"{PLUGIN}.resources"),),
-        values=(Value("devicePlugin.resources", "The device plugin container's resource requests and limits."),),
-        block=True,
-    ),
-    Knob(
-        where=(Where("DaemonSet", "gpushare-device-plugin", f"{PLUGIN}.env"),),
-        values=(Value("devicePlugin.extraEnv", "Environment variables added to the device plugin container's (a "
-                      "list of EnvVar), for example to point it at an NVML library your nodes provide another "
-                      "way."),),
-        block=True, append=True,
-    ),
-    Knob(
-        where=(Where("DaemonSet", "gpushare-device-plugin", f"{PLUGIN}.volumeMounts"),),
-        values=(Value("devicePlugin.extraVolumeMounts", "Volume mounts added to the device plugin container's (a "
-                      "list of VolumeMount), of volumes in devicePlugin.extraVolumes."),),
-        block=True, append=True,
-    ),
-    Knob(
-        where=(Where("DaemonSet", "gpushare-device-plugin", "spec.template.spec.volumes"),),
-        values=(Value("devicePlugin.extraVolumes", "Volumes added to the device plugin pod's (a list of Volume)."),),
-        block=True, append=True,
-    ),
+    *node_plugin_knobs("devicePlugin", "gpushare-device-plugin", PLUGIN, "the device plugin",
+                       "The nodes that run the device plugin (label your GPU nodes gpushare=true)."),
+    *node_plugin_knobs("dra", "gpushare-dra-plugin", DRA, "the DRA driver",
+                       "The nodes that run the DRA driver. A node serves GPU memory through one path: label it "
+                       "gpushare=true for the device plugin or gpushare=dra for the DRA driver."),
     Knob(
         where=(Where("NetworkPolicy", "gpushare-webhook", "spec.ingress[0].from"),),
         values=(Value("networkPolicy.apiServer", "Who may reach the webhook's admission port (8443): the API "
@@ -154,10 +154,11 @@ KNOBS: tuple[Knob, ...] = (
     ),
     Knob(
         where=(Where("NetworkPolicy", "gpushare-webhook", "spec.ingress[1].from"),
-               Where("NetworkPolicy", "gpushare-device-plugin", "spec.ingress[0].from")),
+               Where("NetworkPolicy", "gpushare-device-plugin", "spec.ingress[0].from"),
+               Where("NetworkPolicy", "gpushare-dra-plugin", "spec.ingress[0].from")),
         values=(Value("networkPolicy.metrics", "Who may reach the metrics ports (9102 of the webhook, 9103 of the "
-                      "device plugins): your monitoring stack, as NetworkPolicyPeers (a namespaceSelector of its "
-                      "namespace). Empty admits every source."),),
+                      "device plugin and the DRA driver): your monitoring stack, as NetworkPolicyPeers (a "
+                      "namespaceSelector of its namespace). Empty admits every source."),),
         block=True,
     ),
 )
@@ -174,8 +175,8 @@ class Switch:
 
 SWITCHES = (
     Switch("networkPolicy.enabled", "NetworkPolicy", "Install the NetworkPolicies of "
-           "manifests/base/network-policy.yaml (who may reach the webhook's and the device plugins' ports); they act "
-           "only where the network plugin enforces NetworkPolicy."),
+           "manifests/base/network-policy.yaml, and with dra.enabled the DRA driver's (who may reach the webhook's "
+           "and the node plugins' ports); they act only where the network plugin enforces NetworkPolicy."),
 )
 
 # The optional components of manifests/ (folder -> what its switch means); the chart's value is
@@ -183,7 +184,8 @@ SWITCHES = (
 COMPONENT_DOCS = {
     "monitoring": "Prometheus Operator PodMonitors for the webhook and the device plugins, and the Grafana "
                   "dashboard as a ConfigMap (needs the monitoring.coreos.com CRDs).",
-    "dra": "The DRA driver's DeviceClass, RBAC and the policy keeping it to its own node's ResourceSlice (needs "
+    "dra": "The DRA driver: its DaemonSet on nodes labelled gpushare=dra, its ServiceAccount and RBAC, the "
+           "DeviceClass gpushare.io and the policies keeping it to its own node's ResourceSlices (needs "
            "resource.k8s.io/v1 and the DRAConsumableCapacity feature gate; docs/dra.md).",
 }
 

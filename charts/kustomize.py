@@ -57,6 +57,7 @@ def render(overlay: str, parts: Sequence[str] = (), extra: Mapping[str, Any] | N
             "kind": "Kustomization",
             "resources": [os.path.relpath(MANIFESTS / overlay, here)],
             "components": [os.path.relpath(MANIFESTS / p, here) for p in parts],
+            **overlay_images(overlay, parts),
             **(extra or {}),
         }
         if origins:
@@ -68,6 +69,16 @@ def render(overlay: str, parts: Sequence[str] = (), extra: Mapping[str, Any] | N
         raise RenderError(f"kubectl kustomize of manifests/{overlay} with {list(parts)} failed: "
                           f"{done.stderr.strip()}")
     return [doc for doc in yaml.safe_load_all(done.stdout) if doc]
+
+
+def overlay_images(overlay: str, parts: Sequence[str]) -> Obj:
+    """The overlay's `images:` entry, for a kustomization that adds components around it: an overlay's transformers
+    reach only its own resources, so a component's workload gets the overlay's image as if the component were
+    listed in the overlay itself (as docs/deploy.md says to add one)."""
+    if not parts:
+        return {}
+    doc = yaml.safe_load((MANIFESTS / overlay / "kustomization.yaml").read_text()) or {}
+    return {"images": doc["images"]} if doc.get("images") else {}
 
 
 def origin(obj: Obj) -> str:

@@ -142,11 +142,15 @@ def objects() -> list[Part]:
                 parts[k].obj = merge(ss[k][0], obj, condition, f"not {condition}", _describe(k))
     for switch in SWITCHES:
         for k, part in parts.items():
-            if part.obj["kind"] == switch.kind:
-                if part.condition is not None:
-                    raise ModelError(f"{_describe(k)} is already under {part.condition}; the chart value "
-                                     f"{switch.value} can only switch objects every render has.")
+            if part.obj["kind"] != switch.kind:
+                continue
+            if part.condition is None:
                 part.condition = f".Values.{switch.value}"
+            elif part.condition.startswith(".Values.") and part.condition.endswith(".enabled"):
+                part.condition = f"and {part.condition} .Values.{switch.value}"  # a component's object
+            else:
+                raise ModelError(f"{_describe(k)} is already under {part.condition}; the chart value "
+                                 f"{switch.value} can only switch objects of every render or of a component.")
     return list(parts.values())
 
 

@@ -1,5 +1,6 @@
-"""The optional DRA component: a DeviceClass selecting our driver, the driver's RBAC for the device plugin's
-ServiceAccount, and the policy that keeps it to its own node's ResourceSlice (proven on the real tier)."""
+"""The optional DRA component: the driver's DaemonSet and its own least-privilege identity, a DeviceClass selecting
+the driver, the policies keeping it to its own node's ResourceSlices and one share per request, its NetworkPolicy
+and PodMonitor (each proven on the real tier: tests/e2e/test_dra.py, tests/install/test_install_dra.py)."""
 
 from __future__ import annotations
 
@@ -8,23 +9,107 @@ from pathlib import Path
 import pytest
 
 from contract.keys import DRA_DRIVER
-from tests.harness.manifests.render import render_with_component
+from deviceplugin.dra import settings as dra_settings
+from tests.harness.manifests.render import (
+    NAMESPACE,
+    OVERLAYS,
+    Obj,
+    container,
+    env_of,
+    find,
+    hardened,
+    pod_spec,
+    render,
+    render_with_component,
+)
+
+DRIVER = "gpushare-dra-plugin"
 
 
-@pytest.mark.parametrize("overlay", ["self-signed", "cert-manager"])
-def test_the_component_adds_the_class_the_rbac_and_the_policy(overlay: str, tmp_path: Path) -> None:
-    objs = render_with_component(overlay, "dra", tmp_path)
-    by_kind = {(o["kind"], o["metadata"]["name"]): o for o in objs}
+def _by_name(objs: list[Obj]) -> dict[tuple[str, str], Obj]:
+    return {(o["kind"], o["metadata"]["name"]): o for o in objs}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_component_adds_the_class_the_rbac_and_the_policies(overlay: str, tmp_path: Path) -> None:
+    by_kind = _by_name(render_with_component(overlay, "dra", tmp_path))
     device_class = by_kind["DeviceClass", DRA_DRIVER]
     assert device_class["apiVersion"] == "resource.k8s.io/v1"
     assert [s["cel"]["expression"] for s in device_class["spec"]["selectors"]] == [f'device.driver == "{DRA_DRIVER}"']
-    plugin_sa = next(o for o in objs if o["kind"] == "DaemonSet")["spec"]["template"]["spec"]["serviceAccountName"]
-    binding = by_kind["ClusterRoleBinding", "gpushare-dra-plugin"]
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": plugin_sa, "namespace": "gpushare-system"}]
-    rules = by_kind["ClusterRole", "gpushare-dra-plugin"]["rules"]
+    account = by_kind["DaemonSet", DRIVER]["spec"]["template"]["spec"]["serviceAccountName"]
+    assert account == DRIVER and by_kind["ServiceAccount", DRIVER]["metadata"]["namespace"] == NAMESPACE
+    binding = by_kind["ClusterRoleBinding", DRIVER]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account, "namespace": NAMESPACE}]
+    rules = by_kind["ClusterRole", DRIVER]["rules"]
     assert {r for rule in rules for r in rule["resources"]} == {"resourceclaims", "resourceslices"}
+    assert {g for rule in rules for g in rule["apiGroups"]} == {"resource.k8s.io"}, "no pod, node or Event"
     policy = by_kind["ValidatingAdmissionPolicy", "gpushare-dra-own-node-slices"]
-    assert f"system:serviceaccount:gpushare-system:{plugin_sa}" in policy["spec"]["matchConditions"][0]["expression"]
+    assert f"system:serviceaccount:{NAMESPACE}:{account}" in policy["spec"]["matchConditions"][0]["expression"]
     for name in ("gpushare-dra-own-node-slices", "gpushare-dra-one-share-per-request"):
         assert by_kind["ValidatingAdmissionPolicy", name]["spec"]["failurePolicy"] == "Fail"
         assert by_kind["ValidatingAdmissionPolicyBinding", name]["spec"]["policyName"] == name
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_device_plugin_gets_nothing_of_dra(overlay: str, tmp_path: Path) -> None:
+    """The DRA rights belong to the driver's ServiceAccount: with the component, the device plugin's role is
+    unchanged, and no binding of the component names it."""
+    base, with_dra = _by_name(render(overlay)), _by_name(render_with_component(overlay, "dra", tmp_path))
+    plugin = ("ClusterRole", "gpushare-device-plugin")
+    assert with_dra[plugin] == base[plugin]
+    added = [o for k, o in with_dra.items() if k not in base and o["kind"].endswith("Binding")]
+    assert added and all(s.get("name") != "gpushare-device-plugin" for o in added for s in o.get("subjects", []))
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_driver_daemonset(overlay: str, tmp_path: Path) -> None:
+    objs = render_with_component(overlay, "dra", tmp_path)
+    spec = pod_spec(objs, "DaemonSet", DRIVER)
+    plugin = pod_spec(objs, "DaemonSet", "gpushare-device-plugin")
+    # One path per node: the same label key with another value, so no node runs both.
+    assert spec["nodeSelector"] == {"gpushare": "dra"}
+    assert set(spec["nodeSelector"]) == set(plugin["nodeSelector"])
+    assert spec["nodeSelector"] != plugin["nodeSelector"]
+    assert spec["tolerations"] == plugin["tolerations"]
+    assert spec["priorityClassName"] == "system-node-critical"
+    assert spec["automountServiceAccountToken"] is True, "the slice policy reads the node from its projected token"
+    ctr = container(spec, "dra-plugin")
+    assert ctr["command"] == ["gpushare-dra-plugin"]
+    assert ctr["image"] == container(plugin, "device-plugin")["image"], "the overlay's image reaches the component"
+    hardened(ctr["securityContext"])
+    env = env_of(ctr, objs)
+    settings = dra_settings.dra_settings_from({**env, "GPUSHARE_NODE_NAME": "gpu-node-1"})
+    assert settings.node.node_name == "gpu-node-1" and env["GPUSHARE_NODE_NAME"] == "<fieldRef:spec.nodeName>"
+    # Each node directory the driver uses is mounted from the node at the same path (the kubelet dials the socket
+    # path the registration gives, on the node).
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    host_paths = {m["mountPath"]: volumes[m["name"]]["hostPath"]["path"] for m in ctr["volumeMounts"]
+                  if "hostPath" in volumes[m["name"]]}
+    assert all("subPath" not in m for m in ctr["volumeMounts"])
+    for path in (settings.plugin_dir, settings.registry_dir, settings.state_dir, settings.node.cdi_dir):
+        assert host_paths.get(path) == path, (path, host_paths)
+    assert (settings.plugin_dir, settings.registry_dir, settings.state_dir) == (
+        dra_settings.DEFAULT_PLUGIN_DIR, dra_settings.DEFAULT_REGISTRY_DIR, dra_settings.DEFAULT_STATE_DIR)
+    assert not any("secret" in v or "configMap" in v for v in volumes.values()), "it needs no key"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_drivers_metrics_port_admits_the_monitoring_namespace_alone(overlay: str, tmp_path: Path) -> None:
+    objs = render_with_component(overlay, "dra", tmp_path)
+    policy = find(objs, "NetworkPolicy", DRIVER)
+    ctr = container(pod_spec(objs, "DaemonSet", DRIVER), "dra-plugin")
+    port = int(env_of(ctr, objs)["GPUSHARE_METRICS_BIND"].rsplit(":", 1)[1])
+    assert [p["containerPort"] for p in ctr["ports"]] == [port]
+    assert policy["spec"]["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": DRIVER}
+    [rule] = policy["spec"]["ingress"]
+    assert rule["ports"] == [{"protocol": "TCP", "port": port}]
+    assert rule["from"] == find(objs, "NetworkPolicy", "gpushare-device-plugin")["spec"]["ingress"][0]["from"]
+
+
+def test_the_pod_monitor_finds_the_drivers_pods(tmp_path: Path) -> None:
+    objs = render_with_component("self-signed", "dra", tmp_path, "monitoring")
+    monitor = find(objs, "PodMonitor", DRIVER)
+    labels = find(objs, "DaemonSet", DRIVER)["spec"]["template"]["metadata"]["labels"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    ports = {p["name"] for p in container(pod_spec(objs, "DaemonSet", DRIVER), "dra-plugin")["ports"]}
+    assert [e["port"] for e in monitor["spec"]["podMetricsEndpoints"]] == ["metrics"] and "metrics" in ports

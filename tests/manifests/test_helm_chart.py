@@ -22,6 +22,7 @@ IMAGE = {"repository": "registry.example/team/gpushare", "tag": "1.2.3", "pullPo
 WEBHOOK_RESOURCES = {"requests": {"cpu": "200m", "memory": "256Mi"}, "limits": {"cpu": "2", "memory": "512Mi"}}
 PLUGIN_RESOURCES = {"requests": {"cpu": "20m", "memory": "64Mi"}, "limits": {"memory": "128Mi"}}
 NODE_SELECTOR = {"nvidia.com/gpu.present": "true"}
+DRA_NODE_SELECTOR = {"gpu-memory-path": "dra"}
 TOLERATIONS = [{"operator": "Exists"}]
 PEERS = [{"ipBlock": {"cidr": "10.0.0.0/28"}}, {"ipBlock": {"cidr": "10.0.1.0/28"}}]
 EXTRA_ENV = [{"name": "LD_LIBRARY_PATH", "value": "/opt/nvml"}]
@@ -41,6 +42,9 @@ CUSTOM_VALUES: Obj = {
     "networkPolicy": {"enabled": True, "apiServer": PEERS, "metrics": SCRAPERS},
     # and every optional component switched on
     **{component_value(folder): {"enabled": True} for folder in kustomize.components()},
+    "dra": {"enabled": True, "nodeSelector": DRA_NODE_SELECTOR, "tolerations": TOLERATIONS,
+            "resources": PLUGIN_RESOURCES, "extraEnv": EXTRA_ENV, "extraVolumeMounts": EXTRA_MOUNTS,
+            "extraVolumes": EXTRA_VOLUMES},
 }
 
 
@@ -54,18 +58,33 @@ def _add(kind: str, name: str, path: str, value: Any) -> Obj:
             "patch": yaml.safe_dump([{"op": "add", "path": path, "value": value}])}
 
 
-def _plugin_patch(spec: Obj) -> Obj:
-    """A strategic-merge patch of the DaemonSet's pod spec: maps merge into what is there, as Helm merges a map
+def _daemonset_patch(name: str, spec: Obj) -> Obj:
+    """A strategic-merge patch of a DaemonSet's pod spec: maps merge into what is there, as Helm merges a map
     value into its default."""
     return {"patch": yaml.safe_dump({
         "apiVersion": "apps/v1", "kind": "DaemonSet",
-        "metadata": {"name": "gpushare-device-plugin", "namespace": "gpushare-system"},
+        "metadata": {"name": name, "namespace": "gpushare-system"},
         "spec": {"template": {"spec": spec}}})}
+
+
+def _node_plugin_patches(name: str, container: str, node_selector: Obj) -> list[Obj]:
+    """The device plugin's or the DRA driver's values: node selector and resources merged, tolerations replaced,
+    the extra lists added after the manifests' own items."""
+    first = "/spec/template/spec/containers/0"
+    return [
+        _daemonset_patch(name, {"nodeSelector": node_selector,
+                                "containers": [{"name": container, "resources": PLUGIN_RESOURCES}]}),
+        _replace("DaemonSet", name, "/spec/template/spec/tolerations", TOLERATIONS),
+        *(_add("DaemonSet", name, path, item) for path, items in (
+            (f"{first}/env/-", EXTRA_ENV), (f"{first}/volumeMounts/-", EXTRA_MOUNTS),
+            ("/spec/template/spec/volumes/-", EXTRA_VOLUMES)) for item in items),
+    ]
 
 
 def custom_kustomization(overlay: str) -> Obj:
     """... and the same settings as an operator writes them in a kustomize overlay of the manifests."""
-    workloads = [("Deployment", "gpushare-webhook"), ("DaemonSet", "gpushare-device-plugin")]
+    workloads = [("Deployment", "gpushare-webhook"), ("DaemonSet", "gpushare-device-plugin"),
+                 ("DaemonSet", "gpushare-dra-plugin")]
     if overlay == "cert-manager":
         workloads.append(("Job", "gpushare-signing-key"))
     first = "/spec/template/spec/containers/0"
@@ -80,17 +99,12 @@ def custom_kustomization(overlay: str) -> Obj:
                 "data": {"GPUSHARE_DELIVERY": "cdi", "GPUSHARE_PLACEMENT": "node", "GPUSHARE_UNIT": "MiB",
                          "GPUSHARE_LOG_LEVEL": "DEBUG"}})},
             _replace("Deployment", "gpushare-webhook", f"{first}/resources", WEBHOOK_RESOURCES),
-            _plugin_patch({"nodeSelector": NODE_SELECTOR,
-                           "containers": [{"name": "device-plugin", "resources": PLUGIN_RESOURCES}]}),
-            # Lists replace the default, in Helm as in a JSON patch.
-            _replace("DaemonSet", "gpushare-device-plugin", "/spec/template/spec/tolerations", TOLERATIONS),
-            # The extra lists add items after the manifests' own.
-            *(_add("DaemonSet", "gpushare-device-plugin", path, item) for path, items in (
-                (f"{first}/env/-", EXTRA_ENV), (f"{first}/volumeMounts/-", EXTRA_MOUNTS),
-                ("/spec/template/spec/volumes/-", EXTRA_VOLUMES)) for item in items),
+            *_node_plugin_patches("gpushare-device-plugin", "device-plugin", NODE_SELECTOR),
+            *_node_plugin_patches("gpushare-dra-plugin", "dra-plugin", DRA_NODE_SELECTOR),
             _replace("NetworkPolicy", "gpushare-webhook", "/spec/ingress/0/from", PEERS),
             _replace("NetworkPolicy", "gpushare-webhook", "/spec/ingress/1/from", SCRAPERS),
             _replace("NetworkPolicy", "gpushare-device-plugin", "/spec/ingress/0/from", SCRAPERS),
+            _replace("NetworkPolicy", "gpushare-dra-plugin", "/spec/ingress/0/from", SCRAPERS),
         ],
     }
 
@@ -147,10 +161,11 @@ def test_every_component_is_a_switch_of_the_chart() -> None:
 
 
 def test_the_network_policies_are_on_by_default_and_a_switch_turns_them_off() -> None:
-    policies = {kustomize.key(o) for o in manifests("cert-manager") if o["kind"] == "NetworkPolicy"}
-    assert len(policies) == 2
-    assert policies <= {kustomize.key(o) for o in helm.template()}
-    assert not policies & {kustomize.key(o) for o in helm.template(sets=["networkPolicy.enabled=false"])}
+    policies = {kustomize.key(o) for o in manifests("cert-manager", ["dra"]) if o["kind"] == "NetworkPolicy"}
+    assert len(policies) == 3
+    assert policies <= {kustomize.key(o) for o in helm.template(sets=["dra.enabled=true"])}
+    assert not policies & {kustomize.key(o) for o in helm.template(
+        sets=["dra.enabled=true", "networkPolicy.enabled=false"])}
 
 
 @pytest.mark.parametrize("sets", [

@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import tomllib
 from typing import Any
 
 import pytest
 
+from charts import kustomize
 from tests.harness.manifests.render import (
+    MANIFESTS,
     NAMESPACE,
     OVERLAYS,
     Obj,
     container,
     env_of,
     find,
+    hardened,
+    kubectl,
     objects,
     pod_spec,
     render,
@@ -205,14 +210,6 @@ def test_self_signed_overlay_has_no_cert_manager_objects_and_leaves_ca_bundle_to
         assert "caBundle" not in the_webhook(objs, kind, name)["clientConfig"]
 
 
-def hardened(ctx: Obj) -> None:
-    assert ctx["allowPrivilegeEscalation"] is False
-    assert ctx["readOnlyRootFilesystem"] is True
-    assert ctx["capabilities"] == {"drop": ["ALL"]}
-    assert ctx.get("privileged", False) is False
-    assert ctx["seccompProfile"] == {"type": "RuntimeDefault"}
-
-
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_webhook_deployment(overlay: str) -> None:
     objs = render(overlay)
@@ -384,7 +381,10 @@ def test_match_conditions_use_the_configured_resource_and_prefix(overlay: str) -
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_one_image_and_real_entry_points(overlay: str) -> None:
-    objs = render(overlay)
+    """Every workload of the overlay and of every component runs the one pinned image and a console script the
+    project installs."""
+    kubectl()
+    objs = kustomize.render(overlay, kustomize.components())
     images = set()
     commands = set()
     for obj in objs:
@@ -395,4 +395,5 @@ def test_one_image_and_real_entry_points(overlay: str) -> None:
     assert len(images) == 1
     image = images.pop()
     assert ":" in image.rsplit("/", 1)[-1] and not image.endswith(":latest"), f"image {image} is not pinned to a tag"
-    assert commands <= {"gpushare-webhook", "gpushare-device-plugin", "gpushare-certs"}
+    scripts = tomllib.loads((MANIFESTS.parent / "pyproject.toml").read_text())["project"]["scripts"]
+    assert commands <= set(scripts) and "gpushare-dra-plugin" in commands, (commands, scripts)

@@ -113,3 +113,13 @@ def test_the_pod_monitor_finds_the_drivers_pods(tmp_path: Path) -> None:
     assert monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
     ports = {p["name"] for p in container(pod_spec(objs, "DaemonSet", DRIVER), "dra-plugin")["ports"]}
     assert [e["port"] for e in monitor["spec"]["podMetricsEndpoints"]] == ["metrics"] and "metrics" in ports
+
+
+@pytest.mark.parametrize("component", ["dra", "monitoring"])
+def test_every_object_of_a_component_is_labelled_ours(component: str, tmp_path: Path) -> None:
+    """As the base's: an operator finds (and the install tier checks the removal of) every object of ours by
+    app.kubernetes.io/part-of=gpushare."""
+    objs = render_with_component("self-signed", component, tmp_path)
+    unlabelled = [(o["kind"], o["metadata"]["name"]) for o in objs
+                  if (o["metadata"].get("labels") or {}).get("app.kubernetes.io/part-of") != "gpushare"]
+    assert unlabelled == []

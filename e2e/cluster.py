@@ -56,6 +56,11 @@ class Cluster:
     def tenant_kubeconfig(self) -> Path:
         return self.conf / "tenant.kubeconfig"
 
+    @property
+    def dra_kubeconfig(self) -> Path:
+        """The DRA driver's identity (start_dra writes it)."""
+        return self.conf / "dra-plugin.kubeconfig"
+
     def kubectl(self, as_tenant: bool = False) -> Kubectl:
         return Kubectl(self.tenant_kubeconfig if as_tenant else self.admin_kubeconfig)
 
@@ -290,11 +295,16 @@ class Cluster:
                               "the node advertising aliyun.com/gpu-mem")
 
     def start_dra(self) -> None:
-        """The DRA driver (deviceplugin/dra) as a host process with the device plugin's identity and GPUs; ready once
-        registered with the kubelet's plugin watcher and its node's ResourceSlice is published."""
+        """The DRA driver (deviceplugin/dra) as a host process with the device plugin's GPUs and its own identity, a
+        token of the component's ServiceAccount bound to this node as a pod's projected token is (apply
+        manifests/dra first); ready once registered with the kubelet's plugin watcher and its node's ResourceSlices
+        are published."""
         log = self.log("dra-plugin")
         offset = log.stat().st_size if log.exists() else 0
+        token = gpushare.token(self.kubectl(), *gpushare.DRA_SA, node=self.settings.node_name)
+        kubeconfig(self.dra_kubeconfig, self.server, self.pki_dir / "ca.crt", token=token, user=gpushare.DRA_SA[1])
         env = {**self.plugin_env(), "GPUSHARE_DRA_STATE_DIR": str(node.STATE_ROOT / "dra"),
+               "GPUSHARE_KUBECONFIG": str(self.dra_kubeconfig),
                "GPUSHARE_METRICS_BIND": f"127.0.0.1:{self.settings.port(ports.DRA_METRICS)}"}
         self.procs.start("dra-plugin", [sys.executable, "-m", "deviceplugin.dra.main"], env=env, cwd=REPO)
         self.procs.wait_ready("dra-plugin", lambda: b"gpushare DRA driver serving" in log.read_bytes()[offset:], 60,

@@ -23,6 +23,7 @@ NAMESPACE = "gpushare-system"
 HOST_RUN_KINDS = {"Deployment", "DaemonSet", "PodDisruptionBudget"}
 EXTENDER_SA = ("kube-system", "gpushare-schd-extender")
 PLUGIN_SA = (NAMESPACE, "gpushare-device-plugin")
+DRA_SA = (NAMESPACE, "gpushare-dra-plugin")  # manifests/dra: the component must be applied first
 
 # The scheduler extender's ServiceAccount and RBAC, as users apply them (see that file for where they come from).
 EXTENDER_RBAC = (REPO / "manifests" / "extender" / "rbac.yaml").read_text()

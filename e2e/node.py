@@ -1,7 +1,8 @@
 """The node: containerd (CRI, CDI on, loopback-only CNI), the real kubelet, and leaving nothing behind.
 
 Paths the tier owns: /var/lib/kubelet (the device-plugin directory is fixed there by the kubelet:
-k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1/constants.go), /var/lib/gpushare-e2e and /run/gpushare-e2e.
+k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1/constants.go), /var/lib/gpushare-e2e, /run/gpushare-e2e, and
+/var/lib/gpushare/dra (the DRA driver's checkpoint where the install tier runs its DaemonSet).
 Pods get only a loopback interface: the CNI config holds the `loopback` plugin alone, so the runtime
 reports its network ready without any address outside the machine.
 """
@@ -15,6 +16,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from deviceplugin.dra.settings import DEFAULT_STATE_DIR
 from e2e import podnet
 from e2e import settings as ports
 from e2e.settings import E2eSettings
@@ -26,6 +28,8 @@ RUN_ROOT = Path("/run/gpushare-e2e")
 CDI_DIR = Path("/var/run/cdi")
 CONTAINERD_SOCKET = RUN_ROOT / "containerd" / "containerd.sock"
 OWNED_MOUNT_ROOTS = (KUBELET_DIR, STATE_ROOT, RUN_ROOT)
+# The node directory manifests/dra mounts for the driver's checkpoint (the driver's default).
+DRA_STATE_DIR = Path(DEFAULT_STATE_DIR)
 
 
 def containerd_config(settings: E2eSettings, toolchain: Toolchain, conf_dir: Path) -> Path:
@@ -195,7 +199,7 @@ def kill_shims() -> int:
 
 def remove_state() -> None:
     """Delete the node's state so the next run starts from nothing (nothing may be mounted any more)."""
-    for root in OWNED_MOUNT_ROOTS:
+    for root in (*OWNED_MOUNT_ROOTS, DRA_STATE_DIR):
         if root.exists() and not _mounts_under((root,)):
             shutil.rmtree(root, ignore_errors=True)
     for spec in CDI_DIR.glob("gpushare-*"):

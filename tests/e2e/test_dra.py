@@ -10,7 +10,6 @@ import json
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -29,14 +28,9 @@ def driver(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         yield cluster
 
 
-def _our_slices(kubectl: Kubectl, node: str) -> list[dict[str, Any]]:
-    items: list[dict[str, Any]] = kubectl.json(["get", "resourceslices"])["items"]
-    return [s for s in items if s["spec"].get("driver") == DRA_DRIVER and s["spec"].get("nodeName") == node]
-
-
 def test_the_driver_publishes_one_slice_per_gpu_with_its_memory(driver: Cluster, kubectl: Kubectl) -> None:
     assert "extender" not in driver.procs.procs  # stopped for these tests: claims need no extender
-    published = _our_slices(kubectl, driver.settings.node_name)
+    published = dra.our_slices(kubectl, driver.settings.node_name)
     gib = w.fake_capacity(driver.settings)
     devices = sorted((d for s in published for d in s["spec"]["devices"]), key=lambda d: int(d["name"][4:]))
     assert [d["name"] for d in devices] == [f"gpu-{i}" for i in range(len(published))] and devices
@@ -103,22 +97,27 @@ def test_a_restart_while_pods_pull_loses_nothing(driver: Cluster, kubectl: Kubec
         driver.start_kubelet()
         gpus = len(fake_gpus(driver.settings.fake_gpus, driver.settings.node_name, "GiB"))
         w.wait("the driver's slices published again after the kubelet removed them",
-               lambda: len(_our_slices(kubectl, driver.settings.node_name)) == gpus, 120, 1)
+               lambda: len(dra.our_slices(kubectl, driver.settings.node_name)) == gpus, 120, 1)
     dra.settle(kubectl, namespace, 8)
     out = dra.outcome(driver, kubectl, namespace, ("main",))
     assert out.wrong_gpu == [] and out.made_up == [] and out.stuck == [] and out.failed == [], out
     assert out.over_committed == {} and out.started == out.on_claimed_gpu == 8, out
 
 
-def test_the_plugin_may_write_only_its_own_nodes_slice(driver: Cluster, tmp_path: Path) -> None:
-    """RBAC lets the plugin write ResourceSlices; the component's policy keeps it to its own node's."""
-    plugin = Kubectl(driver.conf / "plugin.kubeconfig")
-    other = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": "not-mine"},
-             "spec": {"driver": DRA_DRIVER, "nodeName": "another-node", "pool": {
-                 "name": "another-node", "generation": 1, "resourceSliceCount": 1}, "devices": []}}
-    code, out, err = plugin.run(["create", "-f", "-"], stdin=json.dumps(other))
+def test_the_driver_may_write_only_its_own_nodes_slice(driver: Cluster, tmp_path: Path) -> None:
+    """RBAC lets the driver's identity write ResourceSlices; the component's policy keeps it to its own node's. The
+    device plugin's identity may write none."""
+    def slice_of(node: str) -> str:
+        return json.dumps({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+                           "metadata": {"name": "not-mine"}, "spec": {"driver": DRA_DRIVER, "nodeName": node, "pool": {
+                               "name": node, "generation": 1, "resourceSliceCount": 1}, "devices": []}})
+
+    code, out, err = Kubectl(driver.dra_kubeconfig).run(["create", "-f", "-"], stdin=slice_of("another-node"))
     assert code != 0, out
     assert "may write only that node's ResourceSlice, not one of node another-node" in err, err
+    plugin = Kubectl(driver.conf / "plugin.kubeconfig")
+    code, out, err = plugin.run(["create", "-f", "-"], stdin=slice_of(driver.settings.node_name))
+    assert code != 0 and "forbidden" in err, (out, err)
 
 
 def test_a_request_for_two_shares_is_refused_at_admission(driver: Cluster, namespace: str) -> None:
@@ -140,7 +139,7 @@ def test_a_critical_xid_takes_the_gpu_out_of_the_pool(driver: Cluster, kubectl: 
     lost = gpus[-1]
 
     def devices() -> list[str]:
-        return sorted(d["name"] for sl in _our_slices(kubectl, s.node_name) for d in sl["spec"]["devices"])
+        return sorted(d["name"] for sl in dra.our_slices(kubectl, s.node_name) for d in sl["spec"]["devices"])
 
     try:
         fakenvml.inject_xid(driver.nvml_events, lost.uuid, 79)

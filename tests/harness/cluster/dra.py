@@ -18,7 +18,7 @@ from typing import Any
 from contract.dra import gpu_index
 from contract.keys import DRA_DRIVER
 from contract.quantity import quantity_bytes
-from e2e import extender
+from e2e import extender, gpushare
 from e2e.cluster import Cluster
 from e2e.kube import Kubectl
 from tests.harness.cluster import workloads as w
@@ -29,10 +29,11 @@ SETTLE_S = 300
 
 
 def component_objects(tmp: Any) -> list[dict[str, Any]]:
-    """The objects manifests/dra adds to an overlay: DeviceClass, RBAC, the slice policy and its binding."""
+    """The objects manifests/dra adds to an overlay but its DaemonSet (this tier runs the driver on the host, and
+    tests/install runs the DaemonSet): DeviceClass, ServiceAccount, RBAC, policies, NetworkPolicy."""
     base = {(o["kind"], o["metadata"]["name"]) for o in render("self-signed")}
     return [o for o in render_with_component("self-signed", "dra", tmp)
-            if (o["kind"], o["metadata"]["name"]) not in base]
+            if (o["kind"], o["metadata"]["name"]) not in base and o["kind"] not in gpushare.HOST_RUN_KINDS]
 
 
 @contextlib.contextmanager
@@ -51,6 +52,12 @@ def driver_running(cluster: Cluster, tmp: Any) -> Iterator[None]:
         cluster.stop_dra()
         cluster.start_extender()
         cluster.start_plugin()
+
+
+def our_slices(kubectl: Kubectl, node: str) -> list[dict[str, Any]]:
+    """The ResourceSlices of our driver for `node`."""
+    items: list[dict[str, Any]] = kubectl.json(["get", "resourceslices"])["items"]
+    return [s for s in items if s["spec"].get("driver") == DRA_DRIVER and s["spec"].get("nodeName") == node]
 
 
 def claim_template(name: str, gib: int) -> dict[str, Any]:

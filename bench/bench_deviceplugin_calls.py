@@ -176,10 +176,7 @@ class Node:
         """Running, allocated pods of 1 GiB until the node has `size` of them."""
         while self.count < size:
             name, _, ids = self._pod(1, running=True)
-            with self.kubelet.changed:
-                self.kubelet.state.assignments[("team", name, "main")] = ids
-                self.kubelet.state.kinds[("team", name, "main")] = "app"
-        self.kubelet.write_checkpoint()
+            self.kubelet.hold("team", name, "main", ids)
         self._seen(self.uids[f"job-{self.count}"])
 
     def _seen(self, uid: str) -> None:
@@ -198,10 +195,7 @@ class Node:
         self._seen(created["metadata"]["uid"])
         request = pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=ids)])
         allocate = timed(lambda: self.stub.Allocate(request, timeout=20))
-        with self.kubelet.changed:  # the kubelet records the assignment after Allocate returns
-            self.kubelet.state.assignments[("team", name, "main")] = ids
-            self.kubelet.state.kinds[("team", name, "main")] = "app"
-        self.kubelet.write_checkpoint()
+        self.kubelet.hold("team", name, "main", ids)  # the kubelet records the assignment after Allocate returns
         prestart = timed(lambda: self.kubelet.start_container("team", name, "main"))
         return allocate, prestart
 

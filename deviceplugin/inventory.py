@@ -202,10 +202,14 @@ class XidWatcher:
         self.on_event = on_event
         self.retry_seconds = retry_seconds
         self._stop = threading.Event()
+        self._watching = threading.Event()  # the event set exists: an XID from now on is seen
         self._thread = threading.Thread(target=self._run, name="xid-watcher", daemon=True)
 
-    def start(self) -> None:
+    def start(self, ready_seconds: float = 5.0) -> None:
+        """Start watching; return once NVML's event set is registered (an NVML event set sees only what happens
+        after it exists), or after `ready_seconds` at most."""
         self._thread.start()
+        self._watching.wait(ready_seconds)
 
     def stop(self) -> None:
         self._stop.set()
@@ -217,6 +221,12 @@ class XidWatcher:
             self.inventory.set_health(gpu.index, False)
 
     def _run(self) -> None:
+        try:
+            self._watch()
+        finally:
+            self._watching.set()  # also when NVML refused: start() must not wait for nothing
+
+    def _watch(self) -> None:
         import pynvml
 
         try:
@@ -226,6 +236,7 @@ class XidWatcher:
             return
         try:
             self._register(pynvml, event_set)
+            self._watching.set()
             by_uuid = {g.uuid: g for g in self.inventory.gpus}
             while not self._stop.is_set():
                 self._wait_once(pynvml, event_set, by_uuid)

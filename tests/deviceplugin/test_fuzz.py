@@ -167,7 +167,7 @@ def test_grpc_requests_never_crash_or_hang_the_plugin(rig: Rig) -> None:
 
 
 def test_request_bytes_never_crash_or_hang_the_plugin(rig: Rig) -> None:
-    endpoint = rig.kubelet.state.registrations[-1].request.endpoint
+    endpoint = rig.kubelet.registered[-1].request.endpoint
     channel = grpc.insecure_channel("unix://" + str(Path(rig.kubelet.plugin_dir) / endpoint))
     tally = Tally()
 

@@ -83,9 +83,7 @@ def test_a_stale_checkpoint_entry_is_refused(rig: Rig) -> None:
     rig.kubelet.forget("team", "old")
     rig.pod("new", {"app": 2})
     rig.kubelet.admit("team", "new", [("app", 2)], pick=old.device_ids[:2])
-    rig.kubelet.state.assignments[("team", "old", "setup")] = old.device_ids  # as if not yet rewritten
-    rig.kubelet.state.kinds[("team", "old", "setup")] = "init"
-    rig.kubelet.write_checkpoint()
+    rig.kubelet.hold("team", "old", "setup", old.device_ids, "init")  # as if the checkpoint were not yet rewritten
     with pytest.raises(grpc.RpcError) as caught:
         rig.kubelet.start_container("team", "old", "setup")
     text = caught.value.details() or ""

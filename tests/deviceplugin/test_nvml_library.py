@@ -62,7 +62,7 @@ def test_a_critical_xid_makes_the_gpu_unhealthy_in_list_and_watch(tmp_path: Path
         fakenvml.inject_xid(events, U1, 79)  # fallen off the bus
         second = kubelet.wait_lists(2)
         assert second == {d: (UNHEALTHY if d.startswith(U1) else HEALTHY) for d in first}
-        assert kubelet.state.lists_seen == 2  # the application XID sent nothing
+        assert kubelet.lists_seen == 2  # the application XID sent nothing
     finally:
         plugin.stop()
         kubelet.stop()

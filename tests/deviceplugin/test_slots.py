@@ -36,7 +36,7 @@ def test_preferred_allocation_hands_out_the_least_recently_used_ids(rig: Rig) ->
         (admitted,) = rig.kubelet.admit("team", name, [("main", 4)])
         seen.append(set(admitted.device_ids))
         _gone(rig, name)  # the IDs are free again at once, yet the next pod gets others
-    assert rig.kubelet.state.preferred_calls == 4
+    assert rig.kubelet.counts.preferred_calls == 4
     assert len(set.union(*seen)) == 16  # every one of the 16 units handed out once before any comes back
     rig.pod("fifth", {"main": 4})
     (again,) = rig.kubelet.admit("team", "fifth", [("main", 4)])

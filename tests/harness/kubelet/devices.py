@@ -1,4 +1,4 @@
-"""The simulated kubelet's device manager: who holds which device IDs, init-container reuse, the checkpoint file."""
+"""The test kubelet's device manager: who holds which device IDs, init-container reuse, the checkpoint file."""
 
 from __future__ import annotations
 
@@ -64,6 +64,11 @@ class DeviceState:
         with self._lock:
             return self._entries.get((pod_uid, container))
 
+    def reusable(self, pod_uid: str) -> list[str]:
+        """The devices of the pod's finished regular init containers, which its next container takes first."""
+        with self._lock:
+            return sorted(self._reusable.get(pod_uid, set()))
+
     def in_use(self) -> set[str]:
         with self._lock:
             return {d for e in self._entries.values() for d in e.device_ids}
@@ -76,7 +81,7 @@ class DeviceState:
         GetPreferredAllocation answer (called with the available devices, the ones already chosen and the full
         size, when the plugin offers it) among the free ones; then any free ones."""
         with self._lock:
-            chosen = sorted(self._reusable.get(pod_uid, set()))[:count]
+            chosen = self.reusable(pod_uid)[:count]
             if len(chosen) == count:
                 return chosen
             used = self.in_use()

@@ -21,6 +21,7 @@ from tests.harness.kubelet.wire import (
     PluginConn,
     PodResourcesServer,
     RegistrationServer,
+    TokenBucket,
     remove_sockets,
     rpc_error_text,
 )
@@ -52,7 +53,7 @@ class Kubelet:
             os.makedirs(path, exist_ok=True)
         self.registration = RegistrationServer(config.plugin_dir, config.resource, self._on_devices)
         self.pod_resources = PodResourcesServer(config.pod_resources_socket, self.devices, self._healthy,
-                                                self._active_pods)
+                                                self._active_pods, TokenBucket(100.0, 10))
 
     # -- lifecycle --------------------------------------------------------------------------------------
 

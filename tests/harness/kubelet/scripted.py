@@ -1,29 +1,33 @@
-"""An in-process test kubelet over real unix sockets: Registration and PodResourcesLister servers from our
-protos, and a real DevicePlugin client that allocates devices and starts containers like the kubelet does."""
+"""The test kubelet driven call by call, for the plugin's unit tests: the same servers, plugin client and device
+manager as the simulated cluster's kubelet (wire.py, devices.py), with the tests, not a pod watch, deciding when a
+pod's containers are admitted, started and forgotten.
+
+What differs from node.py on purpose: no API server (a test names the pods it admits; `uid_of` gives their UIDs),
+no rate limit on PodResources and its Get gate off unless a test turns it on (tests pace the calls themselves), and
+`admit(..., pick=...)` hands Allocate exactly the IDs a test names, known or not, so that a test can make the kubelet
+ask for what a real one might.
+"""
 
 from __future__ import annotations
 
-import concurrent.futures
-import contextlib
-import json
 import os
+import random
 import threading
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import grpc
 
 from contract.keys import DEFAULT_RESOURCE
 from deviceplugin.api import deviceplugin_pb2 as pb
-from deviceplugin.api import deviceplugin_pb2_grpc, podresources_pb2, podresources_pb2_grpc
+from deviceplugin.api import deviceplugin_pb2_grpc, podresources_pb2
+from tests.harness.kubelet.devices import DeviceState, Entry
+from tests.harness.kubelet.wire import PluginConn, PodResourcesServer, Registered, RegistrationServer, remove_sockets
 
 RESOURCE = DEFAULT_RESOURCE
-
-
-@dataclass
-class Registered:
-    request: pb.RegisterRequest
-    plugin_was_serving: bool
+CALL_TIMEOUT_S = 20
+PRE_START_TIMEOUT_S = 30  # the kubelet's PreStartContainer timeout
 
 
 @dataclass
@@ -38,12 +42,7 @@ class Admitted:
 
 
 @dataclass
-class _State:
-    registrations: list[Registered] = field(default_factory=list)
-    assignments: dict[tuple[str, str, str], list[str]] = field(default_factory=dict)
-    kinds: dict[tuple[str, str, str], str] = field(default_factory=dict)  # "init", "sidecar" or "app"
-    devices: dict[str, str] = field(default_factory=dict)  # device ID -> health, from ListAndWatch
-    lists_seen: int = 0
+class _Counts:
     preferred_calls: int = 0
 
 
@@ -55,100 +54,125 @@ class TestKubelet:
         self.plugin_dir = plugin_dir
         self.uid_of = uid_of  # the pod UID the checkpoint records
         self.pod_resources_socket = pod_resources_socket
-        self.state = _State()
-        self.changed = threading.Condition()
-        self._registration: grpc.Server | None = None
-        self._pod_resources: grpc.Server | None = None
-        self._channel: grpc.Channel | None = None
-        self._watch: threading.Thread | None = None
-        self.list_calls = 0
-        self.list_failures: list[grpc.StatusCode] = []  # answers of the next List calls, before real ones
-        # PodResources Get: on by default from Kubernetes 1.34 (gate KubeletPodResourcesGet), off here unless asked.
-        self.get_enabled = False
-        self.get_calls = 0
+        self.devices = DeviceState(os.path.join(plugin_dir, "kubelet_internal_checkpoint"), RESOURCE)
+        self.registration = RegistrationServer(plugin_dir, RESOURCE, self._on_devices)
+        self.pod_resources = PodResourcesServer(pod_resources_socket, self.devices, self._healthy,
+                                                self._active_pods, limit=None, get_enabled=False)
+        self.pod_resources.list_hook = self.listing  # a subclass's override is what List answers
+        self.counts = _Counts()
+        self._pods: dict[tuple[str, str], dict[str, Any]] = {}  # the pods PodResources reports, as specs
+        self._uids: dict[tuple[str, str], str] = {}  # what uid_of gave at admission (the pod may be gone since)
+        self._rng = random.Random(0)
+        self._lock = threading.Lock()
 
     # -- servers ---------------------------------------------------------------------------------------
 
     def start(self) -> None:
         os.makedirs(self.plugin_dir, exist_ok=True)
-        self._start_registration()
-        self._pod_resources = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=4))
-        podresources_pb2_grpc.add_PodResourcesListerServicer_to_server(  # type: ignore[no-untyped-call]
-            _Lister(self), self._pod_resources
-        )
-        self._pod_resources.add_insecure_port("unix://" + self.pod_resources_socket)
-        self._pod_resources.start()
-
-    def _start_registration(self) -> None:
-        self._registration = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=4))
-        deviceplugin_pb2_grpc.add_RegistrationServicer_to_server(  # type: ignore[no-untyped-call]
-            _Registration(self), self._registration
-        )
-        self._registration.add_insecure_port("unix://" + os.path.join(self.plugin_dir, "kubelet.sock"))
-        self._registration.start()
+        self.registration.start()
+        self.pod_resources.start()
 
     def restart(self) -> None:
         """What a kubelet restart looks like to a plugin: every socket in the directory is deleted, then a new
         kubelet.sock is served."""
-        self.close_plugin_channel()
-        if self._registration is not None:
-            self._registration.stop(grace=None).wait()
-        for name in os.listdir(self.plugin_dir):
-            path = os.path.join(self.plugin_dir, name)
-            if name.endswith(".sock"):
-                os.unlink(path)
-        self._start_registration()
+        self.registration.stop()
+        remove_sockets(self.plugin_dir)
+        self.registration.start()
 
     def stop(self) -> None:
-        self.close_plugin_channel()
-        for server in (self._registration, self._pod_resources):
-            if server is not None:
-                server.stop(grace=None).wait()
+        self.registration.stop()
+        self.pod_resources.stop()
 
     def close_plugin_channel(self) -> None:
-        if self._channel is not None:
-            self._channel.close()
-            self._channel = None
-        if self._watch is not None:
-            self._watch.join(timeout=5)
-            self._watch = None
+        self.registration.disconnect()
+
+    # -- what tests read and set -----------------------------------------------------------------------
+
+    @property
+    def changed(self) -> threading.Condition:
+        return self.registration.changed
+
+    @property
+    def registered(self) -> list[Registered]:
+        with self.changed:
+            return list(self.registration.registered)
+
+    @property
+    def lists_seen(self) -> int:
+        return self.registration.lists_seen
+
+    @property
+    def list_calls(self) -> int:
+        return self.pod_resources.list_calls
+
+    @list_calls.setter
+    def list_calls(self, count: int) -> None:
+        self.pod_resources.list_calls = count
+
+    @property
+    def list_failures(self) -> list[grpc.StatusCode]:
+        return self.pod_resources.failures
+
+    @list_failures.setter
+    def list_failures(self, codes: list[grpc.StatusCode]) -> None:
+        self.pod_resources.failures = list(codes)
+
+    @property
+    def get_enabled(self) -> bool:
+        return self.pod_resources.get_enabled
+
+    @get_enabled.setter
+    def get_enabled(self, enabled: bool) -> None:
+        self.pod_resources.get_enabled = enabled
+
+    @property
+    def get_calls(self) -> int:
+        return self.pod_resources.get_calls
+
+    @property
+    def checkpoint_path(self) -> str:
+        return self.devices.checkpoint_path
 
     # -- the plugin side -------------------------------------------------------------------------------
 
     def wait_registrations(self, count: int, timeout: float = 20) -> list[Registered]:
+        return self.registration.wait_registrations(count, timeout)
+
+    def _conn(self, listed: bool = False, timeout: float = 20) -> PluginConn:
+        """The plugin's current connection; with `listed`, once its ListAndWatch has sent the devices."""
+        def ready() -> bool:
+            conn = self.registration.conn
+            return conn is not None and (conn.lists > 0 or not listed)
+
         with self.changed:
-            self.changed.wait_for(lambda: len(self.state.registrations) >= count, timeout)
-            return list(self.state.registrations)
+            self.changed.wait_for(ready, timeout)
+            conn = self.registration.conn
+        if conn is None or not ready():
+            raise AssertionError(f"no plugin registered with the test kubelet and listed its devices within "
+                                 f"{timeout:g} s")
+        return conn
 
     def plugin(self) -> deviceplugin_pb2_grpc.DevicePluginStub:
-        """A client of the last registered plugin; its ListAndWatch stream is followed in the background."""
-        if self._channel is None:
-            endpoint = self.state.registrations[-1].request.endpoint
-            self._channel = grpc.insecure_channel("unix://" + os.path.join(self.plugin_dir, endpoint))
-            stub = deviceplugin_pb2_grpc.DevicePluginStub(self._channel)  # type: ignore[no-untyped-call]
-            self._watch = threading.Thread(target=self._follow, args=(stub,), daemon=True)
-            self._watch.start()
-            return stub
-        return deviceplugin_pb2_grpc.DevicePluginStub(self._channel)  # type: ignore[no-untyped-call]
+        """A client of the registered plugin, over the kubelet's own connection (its ListAndWatch is followed)."""
+        return deviceplugin_pb2_grpc.DevicePluginStub(self._conn().channel)  # type: ignore[no-untyped-call]
 
-    def _follow(self, stub: deviceplugin_pb2_grpc.DevicePluginStub) -> None:
-        with contextlib.suppress(grpc.RpcError):
-            stream: Iterator[pb.ListAndWatchResponse] = stub.ListAndWatch(pb.Empty())
-            for message in stream:
-                with self.changed:
-                    self.state.devices = {d.ID: d.health for d in message.devices}
-                    self.state.lists_seen += 1
-                    self.changed.notify_all()
+    def _on_devices(self, conn: PluginConn | None) -> None:
+        if conn is not None:
+            self.devices.registered = list(conn.devices)
 
     def wait_lists(self, count: int, timeout: float = 20) -> dict[str, str]:
         with self.changed:
-            self.changed.wait_for(lambda: self.state.lists_seen >= count, timeout)
-            return dict(self.state.devices)
+            self.changed.wait_for(lambda: self.registration.lists_seen >= count, timeout)
+            conn = self.registration.conn
+            return dict(conn.devices) if conn is not None else {}
+
+    def _healthy(self) -> list[str]:
+        conn = self.registration.conn
+        return conn.healthy() if conn is not None else []
 
     def free_devices(self) -> list[str]:
-        with self.changed:
-            used = {d for ids in self.state.assignments.values() for d in ids}
-            return sorted(d for d, h in self.state.devices.items() if h == "Healthy" and d not in used)
+        used = self.devices.in_use()
+        return sorted(d for d in self._healthy() if d not in used)
 
     def admit(
         self, namespace: str, pod: str, containers: Sequence[tuple[str, int]], init: Sequence[tuple[str, int]] = (),
@@ -158,137 +182,84 @@ class TestKubelet:
         per container; a container takes the devices of the pod's finished regular init containers first, then
         what GetPreferredAllocation answers (or `pick`); the assignment is recorded, and the checkpoint written,
         after Allocate returns. `sidecars` names the restartable init containers."""
-        self.plugin()
-        self.wait_lists(1)
+        conn = self._conn(listed=True)
+        uid = self._uid(namespace, pod)
         out = []
-        reusable: set[str] = set()
         for kind, entries in (("init", init), ("app", containers)):
             for name, units in entries:
-                ids = sorted(reusable)[:units]
-                if len(ids) < units:
-                    ids += self._choose(units, ids, pick)
-                request = pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=ids)])
-                answer = self.plugin().Allocate(request, timeout=20)
+                ids = self._choose(conn, uid, units, pick)
+                answer = conn.allocate(ids, CALL_TIMEOUT_S)
                 role = "sidecar" if name in sidecars else kind
-                if role == "init":
-                    reusable.update(ids)
-                else:
-                    reusable.difference_update(ids)
-                with self.changed:
-                    self.state.assignments[(namespace, pod, name)] = list(ids)
-                    self.state.kinds[(namespace, pod, name)] = role
-                self.write_checkpoint()
+                self.hold(namespace, pod, name, ids, role, answer.container_responses[0])
                 out.append(Admitted(namespace, pod, name, list(ids), answer.container_responses[0]))
         return out
 
-    def _choose(self, units: int, allocated: list[str], pick: Sequence[str] | None) -> list[str]:
-        used = {d for ids in self.state.assignments.values() for d in ids} | set(allocated)
-        if pick is not None:
-            return [d for d in pick if d not in used][: units - len(allocated)]
-        available = [d for d in self.free_devices() if d not in used]
-        request = pb.PreferredAllocationRequest(container_requests=[pb.ContainerPreferredAllocationRequest(
-            available_deviceIDs=available + allocated, must_include_deviceIDs=allocated, allocation_size=units)])
-        answer = self.plugin().GetPreferredAllocation(request, timeout=20)
-        self.state.preferred_calls += 1
-        preferred = [d for d in answer.container_responses[0].deviceIDs if d in available]
-        return (preferred + [d for d in available if d not in preferred])[: units - len(allocated)]
+    def _choose(self, conn: PluginConn, uid: str, units: int, pick: Sequence[str] | None) -> list[str]:
+        if pick is None:
+            return self.devices.pick(uid, units, conn.healthy(), self._rng, self._prefer(conn))
+        ids = self.devices.reusable(uid)[:units]
+        used = self.devices.in_use() | set(ids)
+        return ids + [d for d in pick if d not in used][: units - len(ids)]
+
+    def _prefer(self, conn: PluginConn) -> Callable[[list[str], list[str], int], list[str]]:
+        def prefer(available: list[str], must: list[str], size: int) -> list[str]:
+            self.counts.preferred_calls += 1
+            return conn.preferred(available, must, size, CALL_TIMEOUT_S)
+
+        return prefer
+
+    def hold(self, namespace: str, pod: str, container: str, ids: Sequence[str], kind: str = "app",
+             response: pb.ContainerAllocateResponse | None = None) -> None:
+        """Record that a container holds `ids` (kind "app", "init" or "sidecar"), in PodResources and the
+        checkpoint, as the kubelet does once Allocate returned; with no `response`, as if the plugin answered
+        nothing."""
+        uid = self._uid(namespace, pod)
+        with self._lock:
+            spec = self._pods.setdefault((namespace, pod), {
+                "metadata": {"uid": uid, "name": pod, "namespace": namespace},
+                "spec": {"initContainers": [], "containers": []}})["spec"]
+            for group in (spec["initContainers"], spec["containers"]):
+                group[:] = [c for c in group if c["name"] != container]
+            if kind == "app":
+                spec["containers"].append({"name": container})
+            else:
+                spec["initContainers"].append({"name": container, **({"restartPolicy": "Always"}
+                                                                       if kind == "sidecar" else {})})
+        entry = Entry(uid, namespace, pod, container, RESOURCE, tuple(ids),
+                      (response or pb.ContainerAllocateResponse()).SerializeToString())
+        self.devices.record(entry, init=kind != "app", restartable=kind == "sidecar")
 
     def start_container(self, namespace: str, pod: str, container: str) -> None:
-        ids = self.state.assignments[(namespace, pod, container)]
-        self.plugin().PreStartContainer(pb.PreStartContainerRequest(devices_ids=ids), timeout=30)
+        entry = self.devices.entry(self._uid(namespace, pod), container)
+        if entry is None:
+            raise AssertionError(f"the test kubelet admitted no container {namespace}/{pod}/{container}")
+        self._conn().pre_start(list(entry.device_ids), PRE_START_TIMEOUT_S)
 
     def forget(self, namespace: str, pod: str) -> None:
         """The pod is gone from the kubelet (deleted): its devices are free again."""
-        with self.changed:
-            for key in [k for k in self.state.assignments if k[:2] == (namespace, pod)]:
-                del self.state.assignments[key]
-                self.state.kinds.pop(key, None)
-        self.write_checkpoint()
-
-    @property
-    def checkpoint_path(self) -> str:
-        return os.path.join(self.plugin_dir, "kubelet_internal_checkpoint")
+        uid = self._uid(namespace, pod)
+        with self._lock:
+            self._pods.pop((namespace, pod), None)
+        self.devices.release(uid)
 
     def write_checkpoint(self) -> None:
         """kubelet_internal_checkpoint as v1.34 writes it (checkpoint/checkpoint.go): every container, init
         containers included, DeviceIDs per NUMA node ("-1": no topology), by temp file and rename."""
-        with self.changed:
-            entries = [
-                {"PodUID": self.uid_of(namespace, pod), "ContainerName": container, "ResourceName": RESOURCE,
-                 "DeviceIDs": {"-1": list(ids)}, "AllocResp": ""}
-                for (namespace, pod, container), ids in self.state.assignments.items()
-            ]
-        temp = os.path.join(self.plugin_dir, ".checkpoint.tmp")
-        with open(temp, "w") as handle:
-            json.dump({"Data": {"PodDeviceEntries": entries, "RegisteredDevices": {}}, "Checksum": 0}, handle)
-        os.replace(temp, self.checkpoint_path)
+        self.devices.save()
+
+    def _uid(self, namespace: str, pod: str) -> str:
+        with self._lock:
+            uid = self._uids.get((namespace, pod))
+        if uid is None:
+            uid = self.uid_of(namespace, pod)
+            with self._lock:
+                self._uids[(namespace, pod)] = uid
+        return uid
+
+    def _active_pods(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return list(self._pods.values())
 
     def listing(self) -> podresources_pb2.ListPodResourcesResponse:
-        with self.changed:
-            self.list_calls += 1
-        return self._resources()
-
-    def _resources(self, only: tuple[str, str] | None = None) -> podresources_pb2.ListPodResourcesResponse:
-        with self.changed:
-            pods: dict[tuple[str, str], list[podresources_pb2.ContainerResources]] = {}
-            for (namespace, pod, container), ids in self.state.assignments.items():
-                if only is not None and (namespace, pod) != only:
-                    continue
-                if self.state.kinds.get((namespace, pod, container)) == "init":
-                    continue  # PodResources v1 List: app and sidecar containers only (apis/podresources/server_v1.go)
-                devices = podresources_pb2.ContainerDevices(resource_name=RESOURCE, device_ids=ids)
-                pods.setdefault((namespace, pod), []).append(
-                    podresources_pb2.ContainerResources(name=container, devices=[devices])
-                )
-        return podresources_pb2.ListPodResourcesResponse(
-            pod_resources=[
-                podresources_pb2.PodResources(name=name, namespace=ns, containers=containers)
-                for (ns, name), containers in pods.items()
-            ]
-        )
-
-
-class _Registration(deviceplugin_pb2_grpc.RegistrationServicer):
-    def __init__(self, kubelet: TestKubelet) -> None:
-        self.kubelet = kubelet
-
-    def Register(self, request: pb.RegisterRequest, context: grpc.ServicerContext) -> pb.Empty:
-        # The kubelet dials the plugin's endpoint right away: the plugin must already be serving.
-        path = os.path.join(self.kubelet.plugin_dir, request.endpoint)
-        serving = False
-        if os.path.exists(path):
-            with grpc.insecure_channel("unix://" + path) as channel:
-                stub = deviceplugin_pb2_grpc.DevicePluginStub(channel)  # type: ignore[no-untyped-call]
-                with contextlib.suppress(grpc.RpcError):
-                    serving = stub.GetDevicePluginOptions(pb.Empty(), timeout=5).pre_start_required
-        with self.kubelet.changed:
-            self.kubelet.state.registrations.append(Registered(request, serving))
-            self.kubelet.changed.notify_all()
-        return pb.Empty()
-
-
-class _Lister(podresources_pb2_grpc.PodResourcesListerServicer):
-    def __init__(self, kubelet: TestKubelet) -> None:
-        self.kubelet = kubelet
-
-    def List(
-        self, request: podresources_pb2.ListPodResourcesRequest, context: grpc.ServicerContext
-    ) -> podresources_pb2.ListPodResourcesResponse:
-        if self.kubelet.list_failures:
-            self.kubelet.list_calls += 1
-            context.abort(self.kubelet.list_failures.pop(0), "test kubelet says no")
-        return self.kubelet.listing()
-
-    def Get(
-        self, request: podresources_pb2.GetPodResourcesRequest, context: grpc.ServicerContext
-    ) -> podresources_pb2.GetPodResourcesResponse:
-        """As pkg/kubelet/apis/podresources/server_v1.go answers: plain errors (UNKNOWN) when the gate is off and
-        for a pod it does not run; else the pod's app and sidecar containers."""
-        self.kubelet.get_calls += 1
-        if not self.kubelet.get_enabled:
-            context.abort(grpc.StatusCode.UNKNOWN, "PodResources API Get method disabled")
-        found = self.kubelet._resources((request.pod_namespace, request.pod_name)).pod_resources
-        if not found:
-            context.abort(grpc.StatusCode.UNKNOWN,
-                          f"pod {request.pod_name} in namespace {request.pod_namespace} not found")
-        return podresources_pb2.GetPodResourcesResponse(pod_resources=found[0])
+        """What PodResources List answers (tests may override it)."""
+        return self.pod_resources.listing()

@@ -1,4 +1,6 @@
-"""The simulated kubelet's gRPC side: the Registration and PodResources servers and a device-plugin client."""
+"""The test kubelet's gRPC side, shared by its two drivers (node.py, which runs pods of the simulated cluster on its
+own, and scripted.py, which the plugin's unit tests drive call by call): the Registration and PodResources servers
+and a device-plugin client, as kubelet v1.34 serves and calls them."""
 
 from __future__ import annotations
 
@@ -34,6 +36,14 @@ def rpc_error_text(exc: grpc.RpcError) -> str:
 
 
 @dataclass
+class Registered:
+    """One Register call: the request, and whether the plugin answered GetDevicePluginOptions on its endpoint."""
+
+    request: dp.RegisterRequest
+    plugin_was_serving: bool
+
+
+@dataclass
 class PluginConn:
     """A registered plugin endpoint: its channel, options and the latest full ListAndWatch device list."""
 
@@ -43,6 +53,7 @@ class PluginConn:
     options: dp.DevicePluginOptions
     devices: dict[str, str] = field(default_factory=dict)
     cancel: Callable[[], object] | None = None
+    lists: int = 0  # ListAndWatch messages on this connection
 
     def healthy(self) -> list[str]:
         return [d for d, health in self.devices.items() if health == "Healthy"]
@@ -76,19 +87,27 @@ def remove_sockets(directory: str) -> None:
 
 
 class RegistrationServer(deviceplugin_pb2_grpc.RegistrationServicer):
-    """`/v1beta1.Registration/Register` on kubelet.sock; each registration connects to the plugin and watches it."""
+    """`/v1beta1.Registration/Register` on kubelet.sock. As the kubelet (pkg/kubelet/cm/devicemanager/plugin/
+    v1beta1/server.go Register, handler.go connectClient) it connects to the plugin's endpoint and asks its options
+    before answering, so a plugin that registers before it serves gets an error; then it follows ListAndWatch in the
+    background. Every registration, every device list and the connection's changes wake `changed`."""
 
     def __init__(self, plugin_dir: str, resource: str, on_devices: Callable[[PluginConn | None], None]) -> None:
         self.plugin_dir = plugin_dir
         self.resource = resource
         self.on_devices = on_devices
         self.conn: PluginConn | None = None
-        self.registrations = 0
-        self._lock = threading.Lock()
+        self.registered: list[Registered] = []
+        self.lists_seen = 0  # ListAndWatch messages received, over every connection
+        self.changed = threading.Condition()
         self._server: grpc.Server | None = None
 
+    @property
+    def registrations(self) -> int:
+        return sum(r.plugin_was_serving for r in self.registered)
+
     def start(self) -> None:
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="sim-kubelet-reg"))
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="test-kubelet-reg"))
         deviceplugin_pb2_grpc.add_RegistrationServicer_to_server(self, server)  # type: ignore[no-untyped-call]
         server.add_insecure_port("unix://" + os.path.join(self.plugin_dir, "kubelet.sock"))
         server.start()
@@ -98,12 +117,21 @@ class RegistrationServer(deviceplugin_pb2_grpc.RegistrationServicer):
         if self._server is not None:
             self._server.stop(0).wait(5)
             self._server = None
-        with self._lock:
+        self.disconnect()
+
+    def disconnect(self) -> None:
+        """Close the plugin connection (the plugin sees its ListAndWatch stream end)."""
+        with self.changed:
             conn, self.conn = self.conn, None
         if conn is not None:
             if conn.cancel is not None:
                 conn.cancel()
             conn.channel.close()
+
+    def wait_registrations(self, count: int, timeout: float) -> list[Registered]:
+        with self.changed:
+            self.changed.wait_for(lambda: len(self.registered) >= count, timeout)
+            return list(self.registered)
 
     def Register(self, request: dp.RegisterRequest, context: grpc.ServicerContext) -> dp.Empty:
         if request.version != VERSION:
@@ -111,42 +139,51 @@ class RegistrationServer(deviceplugin_pb2_grpc.RegistrationServicer):
         if request.resource_name != self.resource:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"this kubelet expects {self.resource}, not "
                           f"{request.resource_name}")
-        path = os.path.join(self.plugin_dir, request.endpoint)
-        threading.Thread(target=self._connect, args=(request, path), name="sim-kubelet-plugin", daemon=True).start()
-        return dp.Empty()
-
-    def _connect(self, request: dp.RegisterRequest, path: str) -> None:
-        channel = grpc.insecure_channel("unix://" + path)
+        channel = grpc.insecure_channel("unix://" + os.path.join(self.plugin_dir, request.endpoint))
         try:
             stub = _stub(channel)
             options: dp.DevicePluginOptions = stub.GetDevicePluginOptions(dp.Empty(), timeout=10)
             responses = stub.ListAndWatch(dp.Empty())
-        except grpc.RpcError:
+        except grpc.RpcError as exc:
             channel.close()
-            return
-        conn = PluginConn(request.endpoint, request.resource_name, channel, options)
-        conn.cancel = responses.cancel
-        with self._lock:
+            with self.changed:
+                self.registered.append(Registered(request, False))
+                self.changed.notify_all()
+            context.abort(grpc.StatusCode.UNKNOWN, f"failed to dial device plugin: {rpc_error_text(exc)}")
+        conn = PluginConn(request.endpoint, request.resource_name, channel, options, cancel=responses.cancel)
+        with self.changed:
             old, self.conn = self.conn, conn
-            self.registrations += 1
+            self.registered.append(Registered(request, True))
+            self.changed.notify_all()
         if old is not None:
             if old.cancel is not None:
                 old.cancel()
             old.channel.close()
+        threading.Thread(target=self._follow, args=(conn, responses), name="test-kubelet-plugin",
+                         daemon=True).start()
+        return dp.Empty()
+
+    def _follow(self, conn: PluginConn, responses: Iterator[dp.ListAndWatchResponse]) -> None:
         try:
             for message in responses:
-                conn.devices = {d.ID: d.health for d in message.devices}
-                if self.conn is conn:
+                with self.changed:
+                    conn.devices = {d.ID: d.health for d in message.devices}
+                    conn.lists += 1
+                    self.lists_seen += 1
+                    current = self.conn is conn
+                    self.changed.notify_all()
+                if current:
                     self.on_devices(conn)
         except grpc.RpcError:
             pass
-        with self._lock:
+        with self.changed:
             gone = self.conn is conn
             if gone:
                 self.conn = None
+            self.changed.notify_all()
         if gone:
             self.on_devices(None)
-        channel.close()
+        conn.channel.close()
 
 
 class TokenBucket:
@@ -174,25 +211,33 @@ class TokenBucket:
 
 
 class PodResourcesServer(podresources_pb2_grpc.PodResourcesListerServicer):
-    """`v1.PodResourcesLister` on its own socket, rate limited like the kubelet's. Like v1.34's List
-    (pkg/kubelet/apis/podresources/server_v1.go) it reports the active pods' app containers and restartable
-    (sidecar) init containers, with their devices; regular init containers never appear."""
+    """`v1.PodResourcesLister` on its own socket. Like v1.34's (pkg/kubelet/apis/podresources/server_v1.go) List
+    reports the active pods' app containers and restartable (sidecar) init containers, with their devices (regular
+    init containers never appear), and Get answers plain errors (UNKNOWN) when its gate is off and for a pod it
+    does not run. `limit` is the kubelet's rate limiter (100/s, bursts of 10); None: unlimited. Tests may queue
+    `failures`, the codes of the next List calls, and set `list_hook`, which List answers instead."""
 
     def __init__(self, socket_path: str, state: DeviceState, allocatable: Callable[[], list[str]],
-                 active_pods: Callable[[], list[Pod]], limit: TokenBucket | None = None) -> None:
+                 active_pods: Callable[[], list[Pod]], limit: TokenBucket | None,
+                 get_enabled: bool = True) -> None:
         self.socket_path = socket_path
         self.state = state
         self.allocatable = allocatable
         self.active_pods = active_pods
-        self.limit = limit or TokenBucket(100.0, 10)
+        self.limit = limit
+        self.get_enabled = get_enabled  # the KubeletPodResourcesGet gate: on by default from 1.34
+        self.failures: list[grpc.StatusCode] = []
+        self.list_hook: Callable[[], pr.ListPodResourcesResponse] | None = None
+        self.list_calls = 0
+        self.get_calls = 0
         self._server: grpc.Server | None = None
 
     def _admit(self, context: grpc.ServicerContext) -> None:
-        if not self.limit.allow():
+        if self.limit is not None and not self.limit.allow():
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "rejected by rate limit")
 
     def start(self) -> None:
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="sim-kubelet-podres"))
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="test-kubelet-podres"))
         podresources_pb2_grpc.add_PodResourcesListerServicer_to_server(self, server)  # type: ignore[no-untyped-call]
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.socket_path)
@@ -220,16 +265,25 @@ class PodResourcesServer(podresources_pb2_grpc.PodResourcesListerServicer):
                 containers.append(pr.ContainerResources(name=container.get("name"), devices=devices))
             yield pr.PodResources(name=meta.get("name"), namespace=meta.get("namespace"), containers=containers)
 
-    def List(self, request: pr.ListPodResourcesRequest, context: grpc.ServicerContext) -> pr.ListPodResourcesResponse:
-        self._admit(context)
+    def listing(self) -> pr.ListPodResourcesResponse:
         return pr.ListPodResourcesResponse(pod_resources=list(self._pods()))
 
-    def Get(self, request: pr.GetPodResourcesRequest, context: grpc.ServicerContext) -> pr.GetPodResourcesResponse:
+    def List(self, request: pr.ListPodResourcesRequest, context: grpc.ServicerContext) -> pr.ListPodResourcesResponse:
+        self.list_calls += 1
         self._admit(context)
+        if self.failures:
+            context.abort(self.failures.pop(0), "test kubelet says no")
+        return self.list_hook() if self.list_hook is not None else self.listing()
+
+    def Get(self, request: pr.GetPodResourcesRequest, context: grpc.ServicerContext) -> pr.GetPodResourcesResponse:
+        self.get_calls += 1
+        self._admit(context)
+        if not self.get_enabled:
+            context.abort(grpc.StatusCode.UNKNOWN, "PodResources API Get method disabled")
         for pod in self._pods():
             if pod.name == request.pod_name and pod.namespace == request.pod_namespace:
                 return pr.GetPodResourcesResponse(pod_resources=pod)
-        context.abort(grpc.StatusCode.NOT_FOUND, f"pod {request.pod_namespace}/{request.pod_name} not found")
+        context.abort(grpc.StatusCode.UNKNOWN, f"pod {request.pod_name} in namespace {request.pod_namespace} not found")
         raise AssertionError("unreachable")
 
     def GetAllocatableResources(

@@ -39,7 +39,7 @@ from deviceplugin.resolve import slot_of
 from deviceplugin.settings import settings_from
 from tests.harness.apiserver.client import SimClient
 from tests.harness.kubelet.scripted import TestKubelet
-from tests.harness.plugin.fakes import assign, spec_pod, stamped
+from tests.harness.pods import admitted, assigned, unit_pod
 
 NODE = "bench-node"
 GPUS = "8x128GiB"
@@ -157,7 +157,7 @@ class Node:
         name = f"job-{self.count}"
         index = next(i for i, g in enumerate(self.gpus) if self.used[i] + units <= g.memory_units)
         self.used[index] += units
-        pod = assign(stamped(spec_pod(name, {"main": units}), self.contract, self.signer), index, 128)
+        pod = assigned(admitted(unit_pod(name, {"main": units}), self.contract, self.signer), index, 128)
         pod["spec"]["nodeName"] = NODE
         ids = [self.free[index].pop() for _ in range(units)]
         if running:  # what the plugin recorded when it started: the allocation record and ASSIGNED=true

@@ -7,25 +7,18 @@ from typing import Any, cast
 import pytest
 
 import contract as p
+from tests.harness import pods
 
 CONTRACT = p.Contract()
 RES = p.DEFAULT_RESOURCE
 
 
 def container(name: str, units: object = None, restart: str | None = None) -> dict[str, Any]:
-    c: dict[str, Any] = {"name": name, "image": "busybox"}
-    if units is not None:
-        c["resources"] = {"limits": {RES: units}}
-    if restart:
-        c["restartPolicy"] = restart
-    return c
+    return pods.container(name, units, restart=restart)
 
 
 def pod(containers: list[dict[str, Any]], inits: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    spec: dict[str, Any] = {"containers": containers}
-    if inits is not None:
-        spec["initContainers"] = inits
-    return {"metadata": {"namespace": "ml", "generateName": "infer-"}, "spec": spec}
+    return pods.pod(*containers, inits=inits, name=None)
 
 
 @pytest.mark.parametrize(
@@ -219,7 +212,7 @@ def test_contract_keys_follow_the_prefix() -> None:
 
 
 def test_pod_ref_for_generated_names() -> None:
-    assert p.pod_ref(pod([container("a", 1)])) == "ml/infer-<generated>"
+    assert p.pod_ref(pod([container("a", 1)])) == "ml/job-<generated>"
     assert p.pod_ref({"metadata": {"name": "x", "namespace": "y"}}) == "y/x"
 
 

@@ -18,8 +18,9 @@ import pytest
 from contract import IDX, Assignment, parse_allocation
 from deviceplugin.resolve import slot_of
 from tests.harness.kubelet.scripted import Admitted
-from tests.harness.plugin.fakes import NODE, spec_pod, stamped
+from tests.harness.plugin.fakes import NODE
 from tests.harness.plugin.rig import Rig, make_rig
+from tests.harness.pods import admitted, unit_pod
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -58,7 +59,7 @@ def extender_binds(rig: Rig, order: list[str]) -> dict[str, int]:
         index = next(i for i, u in enumerate(used) if u + UNITS <= 8)
         used[index] += UNITS
         chosen[name] = index
-        pod = stamped(spec_pod(name, {"main": UNITS}), rig.contract, rig.signer)
+        pod = admitted(unit_pod(name, {"main": UNITS}), rig.contract, rig.signer)
         pod["metadata"]["annotations"].update(Assignment(index, 8, UNITS, 1_592_387_683_318_737_367 + n, False)
                                               .annotations())
         rig.api.add(pod)

@@ -17,7 +17,8 @@ from deviceplugin.events import BURST, EVERY, TokenBuckets
 from deviceplugin.inventory import Inventory
 from deviceplugin.resolve import Holding
 from deviceplugin.service import Service
-from tests.harness.plugin.fakes import FakeApiServer, FakeHoldings, assign, plugin_settings, spec_pod, stamped
+from tests.harness.plugin.fakes import FakeApiServer, FakeHoldings, plugin_settings
+from tests.harness.pods import admitted, assigned, unit_pod
 
 
 class Clock:
@@ -82,7 +83,7 @@ def test_a_hundred_refusals_in_a_minute_post_a_bounded_number_of_events(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     api, service, clock, ids = node
-    api.add(assign(stamped(spec_pod("p", {"main": 2}), contract, signer), 7, 8))  # a GPU this node does not have
+    api.add(assigned(admitted(unit_pod("p", {"main": 2}), contract, signer), 7, 8))  # a GPU this node does not have
     caplog.set_level(logging.INFO)
     for _ in range(100):  # a container the kubelet keeps starting, 0.6 s apart
         assert refuse(service, ids).reason == "GpuShareBadAssignment"
@@ -112,7 +113,7 @@ def test_allocations_post_one_normal_event_each(
     node: tuple[FakeApiServer, Service, Clock, list[str]], signer: Ed25519PrivateKey, contract: Contract,
 ) -> None:
     api, service, _, ids = node
-    api.add(assign(stamped(spec_pod("p", {"main": 2}), contract, signer), 1, 8))
+    api.add(assigned(admitted(unit_pod("p", {"main": 2}), contract, signer), 1, 8))
     for _ in range(3):
         service.prestart(ids)  # the first start records the allocation; restarts change nothing
     [(ref, kind, reason, message)] = api.events
@@ -140,10 +141,10 @@ def test_an_allocate_refusal_is_an_event_on_the_one_pod_that_waits(
 ) -> None:
     api, service, _, _ = node
     for name, stamp, index in pods:
-        pod: dict[str, Any] = spec_pod(name, {"main": 2})
-        pod = stamped(pod, contract, signer) if stamp else pod
-        api.add(assign(pod, index, 8) if index is not None else pod)
-    api.add(spec_pod("running", {"main": 2}), phase="Running")  # admitted long ago: not the one
+        pod: dict[str, Any] = unit_pod(name, {"main": 2})
+        pod = admitted(pod, contract, signer) if stamp else pod
+        api.add(assigned(pod, index, 8) if index is not None else pod)
+    api.add(unit_pod("running", {"main": 2}), phase="Running")  # admitted long ago: not the one
     error = allocate_refused(service, 2)
     assert (error.code, error.reason, error.attributed) == ("FAILED_PRECONDITION", reason, True)
     [(ref, kind, got, message)] = api.events
@@ -157,8 +158,8 @@ def test_an_allocate_refusal_that_fits_several_pods_is_logged_and_counted(
     node: tuple[FakeApiServer, Service, Clock, list[str]], caplog: pytest.LogCaptureFixture,
 ) -> None:
     api, service, _, _ = node
-    api.add(spec_pod("one", {"main": 2}))
-    api.add(spec_pod("two", {"main": 2}))
+    api.add(unit_pod("one", {"main": 2}))
+    api.add(unit_pod("two", {"main": 2}))
     error = allocate_refused(service, 2)
     assert (error.reason, error.attributed) == ("GpuShareNoCandidate", False)
     assert "(2 pods on this node wait for 2 GiB, so the refused one is not known)" in error.message
@@ -196,7 +197,7 @@ def test_an_event_the_api_server_refuses_is_logged_and_the_answer_stands(
     service = Service(plugin_settings(str(tmp_path)), inventory, api, FakeHoldings([Holding("team", "p", "main",
                       tuple(ids))]), signer.public_key())
     try:
-        api.add(assign(stamped(spec_pod("p", {"main": 2}), contract, signer), 7, 8))
+        api.add(assigned(admitted(unit_pod("p", {"main": 2}), contract, signer), 7, 8))
         assert refuse(service, ids).reason == "GpuShareBadAssignment"
         assert service.events.flush()
     finally:
@@ -216,7 +217,7 @@ def test_a_refusal_of_a_pod_being_deleted_is_a_normal_event(
     level: int,
 ) -> None:
     api, service, _, _ = node
-    pod = api.add(spec_pod("p", {"main": 2}))
+    pod = api.add(unit_pod("p", {"main": 2}))
     with caplog.at_level(logging.INFO, logger="deviceplugin"):
         service.recorder.refused("PreStartContainer", pod, reason, "why")
     assert [e[1:3] for e in api.events] == [(kind, reason)]

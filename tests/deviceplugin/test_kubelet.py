@@ -15,8 +15,9 @@ import pytest
 from contract import ASSIGNED, IDX, Contract, parse_allocation
 from deviceplugin.kubelet import KubeletHoldings, KubeletUnavailable
 from deviceplugin.resolve import slot_of
-from tests.harness.plugin.fakes import NODE, assign, spec_pod, stamped
+from tests.harness.plugin.fakes import NODE
 from tests.harness.plugin.rig import Rig, make_rig
+from tests.harness.pods import admitted, assigned, unit_pod
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -107,7 +108,7 @@ def test_repeated_allocate_and_prestart_are_idempotent(rig: Rig) -> None:
 
 def test_allocate_refuses_devices_for_no_validated_pod(rig: Rig) -> None:
     rig.kubelet.wait_registrations(1)
-    rig.api.add(assign(spec_pod("raw", {"main": 2}), 0, 8))  # created before the webhook: no intent
+    rig.api.add(assigned(unit_pod("raw", {"main": 2}), 0, 8))  # created before the webhook: no intent
     with pytest.raises(grpc.RpcError) as caught:
         rig.kubelet.admit("team", "raw", [("main", 2)])
     assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
@@ -126,8 +127,8 @@ def test_allocate_refuses_unknown_devices(rig: Rig) -> None:
 
 def test_prestart_refusal_is_an_error_and_a_warning_event(rig: Rig) -> None:
     rig.kubelet.wait_registrations(1)
-    pod = stamped(spec_pod("p", {"main": 2}), rig.contract, rig.signer)
-    rig.api.add(assign(pod, 0, 16))  # the extender thinks GPU 0 has 16 GiB
+    pod = admitted(unit_pod("p", {"main": 2}), rig.contract, rig.signer)
+    rig.api.add(assigned(pod, 0, 16))  # the extender thinks GPU 0 has 16 GiB
     rig.kubelet.admit("team", "p", [("main", 2)])
     with pytest.raises(grpc.RpcError) as caught:
         rig.kubelet.start_container("team", "p", "main")
@@ -223,8 +224,8 @@ def test_checkpoint_fallback_when_pod_resources_is_missing(rig: Rig) -> None:
 
 def test_env_mode_refuses_a_container_without_the_webhooks_env(rig: Rig) -> None:
     rig.kubelet.wait_registrations(1)
-    cdi_stamped = stamped(spec_pod("p", {"main": 2}), Contract(delivery="cdi"), rig.signer)  # no env injected
-    rig.api.add(assign(cdi_stamped, 0, 8))
+    cdi_stamped = admitted(unit_pod("p", {"main": 2}), Contract(delivery="cdi"), rig.signer)  # no env injected
+    rig.api.add(assigned(cdi_stamped, 0, 8))
     rig.kubelet.admit("team", "p", [("main", 2)])
     with pytest.raises(grpc.RpcError) as caught:
         rig.kubelet.start_container("team", "p", "main")

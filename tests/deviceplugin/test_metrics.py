@@ -18,8 +18,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from common.settings import SettingsError
 from deviceplugin.main import Plugin
 from deviceplugin.metrics import CALLS, OUTCOMES, REASONS, MetricsServer
-from tests.harness.plugin.fakes import FakeApiServer, assign, plugin_settings
+from tests.harness.plugin.fakes import FakeApiServer, plugin_settings
 from tests.harness.plugin.rig import Rig, make_rig
+from tests.harness.pods import assigned
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -96,7 +97,7 @@ def test_every_counter_moves_exactly_as_driven(rig: Rig) -> None:
     with pytest.raises(grpc.RpcError):
         rig.kubelet.admit("team", "c", [("main", 1)])
     # Pod d names a GPU the extender thinks has 16 GiB: admitted, then its start is refused twice.
-    rig.api.add(assign(rig.pod("d", {"main": 1}, index=None), 1, 16))
+    rig.api.add(assigned(rig.pod("d", {"main": 1}, index=None), 1, 16))
     rig.kubelet.admit("team", "d", [("main", 1)])
     for _ in range(2):
         with pytest.raises(grpc.RpcError):

@@ -20,8 +20,9 @@ from deviceplugin.pins import Pin
 from deviceplugin.resolve import slot_of
 from deviceplugin.trust import Context
 from deviceplugin.usage import Holder, node_usage
-from tests.harness.plugin.fakes import NODE, assign, spec_pod, stamped
+from tests.harness.plugin.fakes import NODE
 from tests.harness.plugin.rig import Rig
+from tests.harness.pods import admitted, assigned, unit_pod
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -40,9 +41,9 @@ def on_node(pod: dict[str, Any], uid: str, version: str = "1", phase: str = "Pen
 
 def gpu_pod(name: str, units: int, index: int | None, contract: Contract, signer: Ed25519PrivateKey,
             uid: str = "") -> dict[str, Any]:
-    pod = stamped(spec_pod(name, {"main": units}), contract, signer)
+    pod = admitted(unit_pod(name, {"main": units}), contract, signer)
     if index is not None:
-        pod = assign(pod, index, 8)
+        pod = assigned(pod, index, 8)
     return on_node(pod, uid or f"uid-{name}")
 
 
@@ -70,7 +71,7 @@ def test_the_index_answers_as_the_pod_list_does(inventory: Inventory, signer: Ed
     assert not index.synced
     pods = [gpu_pod("a", 2, 0, contract, signer), gpu_pod("b", 3, 0, contract, signer),
             gpu_pod("c", 1, 1, contract, signer), gpu_pod("unplaced", 5, None, contract, signer),
-            on_node(spec_pod("plain", {"main": 0}), "uid-plain")]
+            on_node(unit_pod("plain", {"main": 0}), "uid-plain")]
     forged = gpu_pod("forged", 4, 1, contract, signer)
     forged["metadata"]["annotations"][contract.signature_key] = "AAAA"
     index.replace([*pods, forged])

@@ -17,7 +17,8 @@ from deviceplugin.inventory import Inventory
 from deviceplugin.pins import Pin, Pins, moved
 from deviceplugin.resolve import Holding
 from deviceplugin.service import Service
-from tests.harness.plugin.fakes import FakeApiServer, FakeHoldings, assign, plugin_settings, spec_pod, stamped
+from tests.harness.plugin.fakes import FakeApiServer, FakeHoldings, plugin_settings
+from tests.harness.pods import admitted, assigned, unit_pod
 
 PIN = Pin(0, "GPU-a")
 
@@ -78,7 +79,7 @@ def node(tmp_path: Path, inventory: Inventory, signer: Ed25519PrivateKey) -> Ite
 
 
 def start_pod(api: FakeApiServer, contract: Contract, signer: Ed25519PrivateKey) -> None:
-    api.add(assign(stamped(spec_pod("p", {"main": 2}), contract, signer), 0, 8))
+    api.add(assigned(admitted(unit_pod("p", {"main": 2}), contract, signer), 0, 8))
 
 
 def move_to_gpu_1(api: FakeApiServer, inventory: Inventory, contract: Contract) -> None:

@@ -28,7 +28,8 @@ from deviceplugin.resolve import (
     validate,
 )
 from deviceplugin.trust import Context
-from tests.harness.plugin.fakes import NODE, assign, spec_pod, stamped
+from tests.harness.plugin.fakes import NODE
+from tests.harness.pods import admitted, assigned, unit_pod
 
 IDS = [f"GPU-x-_-{n}" for n in range(4)]
 
@@ -150,7 +151,7 @@ def test_checkpoint_garbage_is_an_error_not_a_guess(text: str) -> None:
 
 
 def good_pod(contract: Contract, signer: Ed25519PrivateKey) -> dict[str, Any]:
-    return bound(assign(stamped(spec_pod("p", {"main": 4}), contract, signer), 0, 8))
+    return bound(assigned(admitted(unit_pod("p", {"main": 4}), contract, signer), 0, 8))
 
 
 def _annotations(pod: dict[str, Any]) -> dict[str, str]:
@@ -252,11 +253,11 @@ def test_unhealthy_gpu_is_refused(inventory: Inventory, signer: Ed25519PrivateKe
 
 def test_gpu_without_room_is_refused(inventory: Inventory, signer: Ed25519PrivateKey, contract: Contract) -> None:
     others = [
-        bound(assign(stamped(spec_pod(f"o{i}", {"main": 3}), contract, signer), 0, 8), uid=f"o{i}") for i in range(2)
+        bound(assigned(admitted(unit_pod(f"o{i}", {"main": 3}), contract, signer), 0, 8), uid=f"o{i}") for i in range(2)
     ]
-    finished = bound(assign(stamped(spec_pod("done", {"main": 8}), contract, signer), 0, 8), uid="done")
+    finished = bound(assigned(admitted(unit_pod("done", {"main": 8}), contract, signer), 0, 8), uid="done")
     finished["status"]["phase"] = "Succeeded"  # holds nothing any more
-    elsewhere = bound(assign(stamped(spec_pod("far", {"main": 8}), contract, signer), 0, 8), node="node-b", uid="f")
+    elsewhere = bound(assigned(admitted(unit_pod("far", {"main": 8}), contract, signer), 0, 8), node="node-b", uid="f")
     with pytest.raises(Refusal, match="6 of its 8 GiB are already promised to team/o0 \\(3\\), team/o1 \\(3\\)"):
         validate(good_pod(contract, signer), ["main"], IDS, ctx_for(inventory, signer, contract),
                  [*others, finished, elsewhere])
@@ -287,7 +288,7 @@ def test_pods_being_deleted_hold_room_only_while_they_run(
     inventory: Inventory, signer: Ed25519PrivateKey, contract: Contract
 ) -> None:
     def other(name: str, units: int) -> dict[str, Any]:
-        return bound(assign(stamped(spec_pod(name, {"main": units}), contract, signer), 0, 8), uid=name)
+        return bound(assigned(admitted(unit_pod(name, {"main": units}), contract, signer), 0, 8), uid=name)
 
     ctx = ctx_for(inventory, signer, contract)
     pulling = deleted(other("pulling", 6))  # the extender gave its room away; it never started a container
@@ -312,7 +313,7 @@ def test_node_placement_asks_for_a_gpu(inventory: Inventory, signer: Ed25519Priv
 def test_accepted_records_and_is_idempotent(
     inventory: Inventory, signer: Ed25519PrivateKey, contract: Contract
 ) -> None:
-    pod = bound(assign(stamped(spec_pod("p", {"a": 2, "b": 3}, init={"setup": 2}), contract, signer), 1, 8))
+    pod = bound(assigned(admitted(unit_pod("p", {"a": 2, "b": 3}, init={"setup": 2}), contract, signer), 1, 8))
     ctx = ctx_for(inventory, signer, contract)
     first = validate(pod, ["setup", "a"], IDS[:2], ctx, [pod])
     assert isinstance(first, Accepted)
@@ -372,8 +373,8 @@ def test_preferred_devices(must: list[str], size: int, handed: dict[str, int], e
 def test_allocation_candidates(inventory: Inventory, signer: Ed25519PrivateKey, contract: Contract) -> None:
     ctx = ctx_for(inventory, signer, contract)
     ok = good_pod(contract, signer)
-    unstamped = bound(assign(spec_pod("raw", {"main": 2}), 0, 8), uid="raw")
-    unplaced = bound(stamped(spec_pod("free", {"main": 3}), contract, signer), uid="free")
+    unstamped = bound(assigned(unit_pod("raw", {"main": 2}), 0, 8), uid="raw")
+    unplaced = bound(admitted(unit_pod("free", {"main": 3}), contract, signer), uid="free")
     pods = [ok, unstamped, unplaced]
     assert allocation_candidates(pods, 4, "s", ctx) == (["team/p"], [])
     found, notes = allocation_candidates(pods, 2, "s", ctx)

@@ -11,8 +11,8 @@ import grpc
 import pytest
 
 from deviceplugin.resolve import slot_of
-from tests.harness.plugin.fakes import assign, spec_pod
 from tests.harness.plugin.rig import Rig, make_rig
+from tests.harness.pods import assigned, unit_pod
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -49,7 +49,7 @@ def test_a_second_pod_with_the_same_ids_is_validated_again(rig: Rig) -> None:
     (first,) = rig.kubelet.admit("team", "first", [("main", 2)])
     rig.kubelet.start_container("team", "first", "main")
     _gone(rig, "first")
-    rig.api.add(assign(spec_pod("raw", {"main": 2}), 0, 8))  # created past the webhook: no intent
+    rig.api.add(assigned(unit_pod("raw", {"main": 2}), 0, 8))  # created past the webhook: no intent
     with pytest.raises(grpc.RpcError) as caught:
         rig.kubelet.admit("team", "raw", [("main", 2)], pick=first.device_ids)
     assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION

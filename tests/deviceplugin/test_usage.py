@@ -20,7 +20,8 @@ from deviceplugin.resolve import Accepted, Holding, validate
 from deviceplugin.service import Service
 from deviceplugin.trust import Context
 from deviceplugin.usage import node_usage, recorded_pin
-from tests.harness.plugin.fakes import NODE, FakeApiServer, FakeHoldings, assign, plugin_settings, spec_pod, stamped
+from tests.harness.plugin.fakes import NODE, FakeApiServer, FakeHoldings, plugin_settings
+from tests.harness.pods import admitted, assigned, unit_pod
 
 IDS = [f"GPU-x-_-{n}" for n in range(4)]
 
@@ -39,13 +40,13 @@ def bound(pod: dict[str, Any], uid: str, node: str = NODE, phase: str = "Running
 
 def believed(name: str, units: int, index: int | None, contract: Contract, signer: Ed25519PrivateKey,
              **where: str) -> dict[str, Any]:
-    pod = stamped(spec_pod(name, {"m": units}), contract, signer)
-    return bound(assign(pod, index, 8) if index is not None else pod, uid=name, **where)
+    pod = admitted(unit_pod(name, {"m": units}), contract, signer)
+    return bound(assigned(pod, index, 8) if index is not None else pod, uid=name, **where)
 
 
 def forged(name: str, index: str, units: str, contract: Contract, signer: Ed25519PrivateKey) -> dict[str, Any]:
     """A pod that asks for no GPU memory, given placement keys by someone who can write annotations."""
-    pod = bound(stamped(spec_pod(name, {"m": 0}), contract, signer), uid=name)
+    pod = bound(admitted(unit_pod(name, {"m": 0}), contract, signer), uid=name)
     pod["metadata"].setdefault("annotations", {}).update({IDX: index, POD: units, "ALIYUN_COM_GPU_MEM_DEV": "8"})
     return pod
 
@@ -87,7 +88,7 @@ CASES: list[tuple[str, Maker, int]] = [
     ("not placed", lambda n, c, s: believed(n, 2, None, c, s), 3),
     ("other node", lambda n, c, s: believed(n, 2, 1, c, s, node="node-b"), 3),
     ("finished", lambda n, c, s: believed(n, 2, 1, c, s, phase="Succeeded"), 3),
-    ("no intent", lambda n, c, s: bound(assign(spec_pod(n, {"m": 8}), 1, 8), uid=n), 3),
+    ("no intent", lambda n, c, s: bound(assigned(unit_pod(n, {"m": 8}), 1, 8), uid=n), 3),
     ("forged keys on a pod without GPU memory", forged_keys := (lambda n, c, s: forged(n, "1", "8", c, s)), 3),
     ("an intent copied from another pod", copied_intent, 3),
     ("a signature by another key", resigned, 3),
@@ -184,7 +185,7 @@ def test_a_pod_that_cannot_be_read_fails_no_other_start(
         pod = maker(name, contract, signer)
         del pod["metadata"]["uid"], pod["metadata"]["resourceVersion"]
         api.add(pod, phase="Running")
-    api.add(assign(stamped(spec_pod("p", {"main": 8}), contract, signer), 1, 8))
+    api.add(assigned(admitted(unit_pod("p", {"main": 8}), contract, signer), 1, 8))
     ids = [device for device, _ in inventory.devices()[:8]]
     service = Service(plugin_settings(str(tmp_path)), inventory, api, FakeHoldings([Holding("team", "p", "main",
                       tuple(ids))]), signer.public_key())

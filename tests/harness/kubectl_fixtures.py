@@ -8,9 +8,10 @@ import datetime
 from collections.abc import Mapping
 from typing import Any
 
-from contract import ASSIGNED, DEV, IDX, POD, Allocation, ContainerSlot, Contract, demand_of, intent_for
+from contract import ASSIGNED, IDX, Allocation, ContainerSlot, Contract, demand_of, intent_for
 from contract.keys import GPU_COUNT
 from kubectlplugin.events import PLUGIN_COMPONENT
+from tests.harness.pods import assigned, unit_pod
 
 CONTRACT = Contract()
 RESOURCE = CONTRACT.resource
@@ -28,19 +29,13 @@ def node(name: str, gpus: int | None, memory: int | None) -> Obj:
 
 def pod(namespace: str, name: str, units: Mapping[str, int], *, init: Mapping[str, int] | None = None,
         node_name: str | None = None, phase: str = "Pending") -> Obj:
-    def container(cname: str, count: int) -> Obj:
-        out: Obj = {"name": cname, "image": "app:1"}
-        if count:
-            out["resources"] = {"limits": {RESOURCE: str(count)}}
-        return out
-
-    spec: Obj = {"containers": [container(n, u) for n, u in units.items()]}
-    if init:
-        spec["initContainers"] = [container(n, u) for n, u in init.items()]
+    """tests/harness/pods.py's pod as the API server returns it: a UID, annotations, a node, a phase."""
+    out = unit_pod(name, units, init, namespace=namespace, image="app:1")
+    out["metadata"].update({"uid": f"uid-{namespace}-{name}", "annotations": {}})
     if node_name:
-        spec["nodeName"] = node_name
-    return {"metadata": {"namespace": namespace, "name": name, "uid": f"uid-{namespace}-{name}", "annotations": {}},
-            "spec": spec, "status": {"phase": phase}}
+        out["spec"]["nodeName"] = node_name
+    out["status"] = {"phase": phase}
+    return out
 
 
 def stamp(p: Obj, contract: Contract = CONTRACT) -> Obj:
@@ -53,10 +48,7 @@ def stamp(p: Obj, contract: Contract = CONTRACT) -> Obj:
 
 def assign(p: Obj, index: int, device: int, node_name: str) -> Obj:
     """What the scheduler extender writes before binding, and the binding."""
-    out = copy.deepcopy(p)
-    total = demand_of(out, RESOURCE).total
-    out["metadata"]["annotations"].update({IDX: str(index), DEV: str(device), POD: str(total), ASSIGNED: "false",
-                                           "ALIYUN_COM_GPU_MEM_ASSUME_TIME": "1700000000000000000"})
+    out = assigned(p, index, device)
     out["spec"]["nodeName"] = node_name
     return out
 

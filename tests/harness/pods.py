@@ -1,16 +1,32 @@
-"""Pod and AdmissionReview builders shared by the webhook tests."""
+"""The one home of pod builders: pods as the webhook, the device plugin, the kubectl plugin and the policy cases
+see them (stamped by the real mutation, placed as the scheduler extender places them, allocated as the plugin
+records it), and AdmissionReviews around them. The real-cluster tier's workloads (tests/harness/cluster/workloads.py)
+are pods a real kubelet runs, with images and commands: they stay there."""
 
 from __future__ import annotations
 
 import copy
 import itertools
+import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import jsonpatch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from contract import ASSIGNED, ASSUME_TIME, DEFAULT_RESOURCE, DEV, IDX, POD, Allocation, ContainerSlot, Contract
+from contract import (
+    ASSIGNED,
+    ASSUME_TIME,
+    DEFAULT_RESOURCE,
+    DEV,
+    IDX,
+    POD,
+    Allocation,
+    Assignment,
+    ContainerSlot,
+    Contract,
+    demand_of,
+)
 from webhook.mutate import mutate
 
 RES = DEFAULT_RESOURCE
@@ -58,15 +74,46 @@ def pod(*containers: dict[str, Any], inits: list[dict[str, Any]] | None = None,
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
 
 
+def unit_pod(name: str, containers: Mapping[str, int], init: Mapping[str, int] | None = None, *,
+             namespace: str | None = "team", sidecars: tuple[str, ...] = (), image: str = "cuda") -> Pod:
+    """A pod whose containers ask for the given units of GPU memory (none for 0); `sidecars` names the init
+    containers that are restartable (restartPolicy: Always); no `namespace`: the one the request names."""
+    def one(cname: str, units: int) -> dict[str, Any]:
+        out = container(cname, str(units) if units else None, restart="Always" if cname in sidecars else None)
+        out["image"] = image
+        return out
+
+    spec: dict[str, Any] = {"containers": [one(c, u) for c, u in containers.items()]}
+    if init:
+        spec["initContainers"] = [one(c, u) for c, u in init.items()]
+    metadata = {"name": name, **({"namespace": namespace} if namespace is not None else {})}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
+
+
 def counter(prefix: str = "alloc") -> Callable[[], str]:
     numbers = itertools.count(1)
     return lambda: f"{prefix}-{next(numbers)}"
 
 
-def stamped(p: Pod, contract: Contract | None = None, *, key: Ed25519PrivateKey = KEY, namespace: str = NS) -> Pod:
-    """The pod as the mutating webhook leaves it."""
-    ops = mutate(p, namespace, contract or Contract(), key, counter())
+def stamped(p: Pod, contract: Contract | None = None, *, key: Ed25519PrivateKey = KEY, namespace: str = NS,
+            ids: Callable[[], str] | None = None) -> Pod:
+    """The pod as the mutating webhook leaves it (allocation ids alloc-1, alloc-2, ... per call unless `ids`)."""
+    ops = mutate(p, namespace, contract or Contract(), key, ids or counter())
     out: Pod = jsonpatch.apply_patch(copy.deepcopy(p), ops)
+    return out
+
+
+def admitted(p: Pod, contract: Contract, key: Ed25519PrivateKey) -> Pod:
+    """The pod as the real mutating webhook admits it in its own namespace, with an allocation id of its own."""
+    return stamped(p, contract, key=key, namespace=p["metadata"]["namespace"], ids=lambda: str(uuid.uuid4()))
+
+
+def assigned(p: Pod, index: int, device_units: int, total: int | None = None) -> Pod:
+    """What the scheduler extender writes at bind time (the pod's whole demand unless `total`)."""
+    out = copy.deepcopy(p)
+    annotations = out["metadata"].setdefault("annotations", {})
+    pod_units = total if total is not None else demand_of(p, RES).total
+    annotations.update(Assignment(index, device_units, pod_units, 1_700_000_000_000_000_000, False).annotations())
     return out
 
 

@@ -14,6 +14,7 @@ from tests.harness.apiserver.client import SimClient
 from tests.harness.apiserver.configs import project_webhook_objects
 from tests.harness.apiserver.server import ApiServer
 from tests.harness.apiserver.status import ApiError
+from tests.harness.pods import unit_pod
 from tests.harness.webhook.server import RunningWebhook, webhook_server
 
 pytestmark = pytest.mark.timeout(120)
@@ -23,14 +24,11 @@ EXTENDER = service_account("kube-system", "gpushare-schd-extender")
 
 
 def gpu_pod(name: str = "gpu", units: int = 8) -> Obj:
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
-            "spec": {"containers": [{"name": "main", "image": "cuda",
-                                     "resources": {"limits": {"aliyun.com/gpu-mem": str(units)}}}]}}
+    return unit_pod(name, {"main": units}, namespace=None)
 
 
 def plain_pod(name: str = "plain") -> Obj:
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
-            "spec": {"containers": [{"name": "main", "image": "busybox"}]}}
+    return unit_pod(name, {"main": 0}, namespace=None, image="busybox")
 
 
 def placement(index: int = 1, units: int = 8) -> dict[str, str]:

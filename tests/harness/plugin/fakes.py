@@ -1,4 +1,5 @@
-"""Test doubles for the device plugin: stamped pods, an in-memory API server, kubelet holdings."""
+"""Test doubles for the device plugin: its settings in a folder, an in-memory API server, kubelet holdings (pods:
+tests/harness/pods.py)."""
 
 from __future__ import annotations
 
@@ -10,14 +11,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import jsonpatch
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
-from contract import Assignment, Contract, demand_of
 from deviceplugin.apiserver import ApiServerError, Conflict, PodListener
 from deviceplugin.resolve import Holding
 from deviceplugin.settings import PluginSettings, settings_from
-from webhook.mutate import mutate
 
 NODE = "node-a"
 
@@ -35,41 +31,6 @@ def plugin_settings(tmp: str, **env: str) -> PluginSettings:
     }
     base.update(env)
     return settings_from(base)
-
-
-def spec_pod(
-    name: str, containers: Mapping[str, int], init: Mapping[str, int] | None = None, namespace: str = "team",
-    sidecars: tuple[str, ...] = (),
-) -> dict[str, Any]:
-    """A pod spec; `sidecars` names the init containers that are restartable (restartPolicy: Always)."""
-    def container(cname: str, units: int) -> dict[str, Any]:
-        limits = {"aliyun.com/gpu-mem": str(units)} if units else {}
-        out: dict[str, Any] = {"name": cname, "image": "cuda", "resources": {"limits": limits}}
-        if cname in sidecars:
-            out["restartPolicy"] = "Always"
-        return out
-
-    spec: dict[str, Any] = {"containers": [container(c, u) for c, u in containers.items()]}
-    if init:
-        spec["initContainers"] = [container(c, u) for c, u in init.items()]
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace}, "spec": spec}
-
-
-def stamped(pod: dict[str, Any], contract: Contract, key: Ed25519PrivateKey) -> dict[str, Any]:
-    """The pod as the real mutating webhook admits it (intent, signature and, in env mode, the env)."""
-    namespace = pod["metadata"]["namespace"]
-    ops = mutate(pod, namespace, contract, key, lambda: str(uuid.uuid4()))
-    result: dict[str, Any] = jsonpatch.apply_patch(pod, ops)
-    return result
-
-
-def assign(pod: dict[str, Any], index: int, device_units: int, total: int | None = None) -> dict[str, Any]:
-    """What the scheduler extender writes at bind time."""
-    out = copy.deepcopy(pod)
-    annotations = out["metadata"].setdefault("annotations", {})
-    pod_units = total if total is not None else demand_of(pod, "aliyun.com/gpu-mem").total
-    annotations.update(Assignment(index, device_units, pod_units, 1_700_000_000_000_000_000, False).annotations())
-    return out
 
 
 class FakeApiServer:

@@ -14,7 +14,8 @@ from contract import Contract
 from deviceplugin.inventory import Inventory, fake_gpus
 from deviceplugin.main import Plugin
 from tests.harness.kubelet.scripted import TestKubelet
-from tests.harness.plugin.fakes import NODE, FakeApiServer, assign, plugin_settings, spec_pod, stamped
+from tests.harness.plugin.fakes import NODE, FakeApiServer, plugin_settings
+from tests.harness.pods import admitted, assigned, unit_pod
 
 
 @dataclass
@@ -29,9 +30,9 @@ class Rig:
 
     def pod(self, name: str, containers: dict[str, int], index: int | None = 0,
             init: dict[str, int] | None = None, sidecars: tuple[str, ...] = ()) -> dict[str, Any]:
-        pod = stamped(spec_pod(name, containers, init, sidecars=sidecars), self.contract, self.signer)
+        pod = admitted(unit_pod(name, containers, init, sidecars=sidecars), self.contract, self.signer)
         if index is not None:
-            pod = assign(pod, index, 8)
+            pod = assigned(pod, index, 8)
         return self.api.add(pod)
 
 

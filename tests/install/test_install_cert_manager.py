@@ -138,7 +138,8 @@ def _check_loop_pods(installed: Cluster, kubectl: Kubectl, namespace: str) -> tu
                                                 installed.settings.fake_gpus)
         checked += 1
         if got is None or got != w.assigned_index(p):
-            wrong.append(f"{name}: got {got}, recorded {w.assigned_index(p)}")
+            wrong.append(f"{name}: got {got}, recorded {w.assigned_index(p)}; "
+                         f"{w.why_no_gpu(kubectl, namespace, name, 'main', rep)}")
     return checked, wrong, rejected
 
 

@@ -148,12 +148,33 @@ class Report:
     mount: str
 
 
+def container_log(kubectl: Kubectl, namespace: str, name: str, container_name: str) -> tuple[bool, str]:
+    """(read, the log or why it could not be read). The API server fetches a log from the kubelet, which a busy
+    node may answer late: a failed read is tried twice more before it counts."""
+    why = ""
+    for attempt in range(3):
+        code, out, err = kubectl.run(["logs", "-n", namespace, name, "-c", container_name], timeout=20)
+        if code == 0:
+            return True, out
+        why = (err or out).strip()
+        time.sleep(1 + attempt)
+    return False, why
+
+
 def report(kubectl: Kubectl, namespace: str, name: str, container_name: str) -> Report | None:
-    code, out, _ = kubectl.run(["logs", "-n", namespace, name, "-c", container_name], timeout=20)
-    match = next((m for m in map(_LINE.match, out.splitlines()) if m), None) if code == 0 else None
+    read, out = container_log(kubectl, namespace, name, container_name)
+    match = next((m for m in map(_LINE.match, out.splitlines()) if m), None) if read else None
     if match is None:
         return None
     return Report(match["container"], match["visible"], match["idx"], match["slot"], match["mount"].strip())
+
+
+def why_no_gpu(kubectl: Kubectl, namespace: str, name: str, container_name: str, rep: Report | None) -> str:
+    """For a failure message: what the container reported, or why nothing could be read."""
+    if rep is not None:
+        return f"it reported {rep}"
+    read, out = container_log(kubectl, namespace, name, container_name)
+    return f"its log has no report line: {out[-300:]!r}" if read else f"its log could not be read: {out[-300:]}"
 
 
 def gpu_of(rep: Report, delivery: str, node: str, fake: str) -> int | None:

@@ -1,4 +1,4 @@
-"""The test API server's read side over HTTPS: lists, watches, discovery, auth, and outside clients."""
+"""The test API server's read side over HTTPS: lists, watches, version, auth, and outside clients."""
 
 from __future__ import annotations
 
@@ -138,16 +138,8 @@ def test_authentication_and_authorization() -> None:
         assert caught.value.code == 403 and "cannot create" in caught.value.message
 
 
-def test_discovery_documents(admin: SimClient) -> None:
+def test_version_and_health_are_served(admin: SimClient) -> None:
     assert admin.request("GET", "/version")["gitVersion"].startswith("v1.32")
-    assert admin.request("GET", "/api")["versions"] == ["v1"]
-    core = {r["name"] for r in admin.request("GET", "/api/v1")["resources"]}
-    assert {"pods", "pods/binding", "pods/status", "nodes", "nodes/status", "events", "namespaces", "secrets",
-            "configmaps"} <= core
-    groups = {g["name"] for g in admin.request("GET", "/apis")["groups"]}
-    assert groups == {"admissionregistration.k8s.io", "events.k8s.io"}
-    hooks = admin.request("GET", "/apis/admissionregistration.k8s.io/v1")["resources"]
-    assert {r["name"] for r in hooks} == {"mutatingwebhookconfigurations", "validatingwebhookconfigurations"}
     assert admin.request("GET", "/healthz") == "ok"
 
 

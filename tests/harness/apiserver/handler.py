@@ -14,11 +14,9 @@ import urllib.parse
 from http.server import BaseHTTPRequestHandler
 from typing import TYPE_CHECKING, Any
 
-from tests.harness.apiserver import discovery
 from tests.harness.apiserver.resources import BY_PATH, Resource
 from tests.harness.apiserver.selectors import parse_field_selector, parse_label_selector
 from tests.harness.apiserver.status import ApiError, bad_request, forbidden, internal, not_found
-from tests.harness.apiserver.store import WatchEvent
 
 if TYPE_CHECKING:
     from tests.harness.apiserver.auth import User
@@ -27,6 +25,14 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
+
+# What /version answers (kubernetes clients read it; no discovery documents are served: kubectl runs against the
+# real API server of the real-cluster tier).
+VERSION: Obj = {
+    "major": "1", "minor": "32", "gitVersion": "v1.32.0-gpushare-sim", "gitCommit": "simulation",
+    "gitTreeState": "clean", "buildDate": "2026-01-01T00:00:00Z", "goVersion": "go1.23", "compiler": "gc",
+    "platform": "linux/amd64",
+}
 WATCH_MAX_SECONDS = 1800.0  # the real server picks 30-60 minutes; clients re-watch either way
 
 
@@ -146,11 +152,9 @@ class Handler(BaseHTTPRequestHandler):
                 self._send(200, "ok")
                 return
             if url.path == "/version":
-                self._send(200, discovery.VERSION)
+                self._send(200, VERSION)
                 return
             user = self._user()
-            if method == "GET" and self._discovery(parts):
-                return
             route = parse_route(parts) if parts else None
             if route is None:
                 raise ApiError(404, f"the server could not find the requested resource ({method} {url.path})",
@@ -163,28 +167,6 @@ class Handler(BaseHTTPRequestHandler):
         except Exception as exc:  # a bug in the simulation must still answer like a server, never hang a client
             log.exception("test API server failed on %s %s", method, self.path)
             self._send(500, internal(f"the test API server failed: {exc!r}").status())
-
-    def _discovery(self, parts: list[str]) -> bool:
-        doc: Obj | None = None
-        if parts == ["api"]:
-            doc = discovery.api_versions(f"127.0.0.1:{self.api.port}")
-        elif parts == ["apis"]:
-            doc = discovery.api_group_list()
-        elif len(parts) == 2 and parts[0] == "api":
-            doc = discovery.api_resource_list("", parts[1])
-        elif len(parts) == 2 and parts[0] == "apis":
-            doc = discovery.api_group(parts[1])
-        elif len(parts) == 3 and parts[0] == "apis":
-            doc = discovery.api_resource_list(parts[1], parts[2])
-        elif parts and parts[0] == "openapi":
-            raise ApiError(404, "the test API server publishes no OpenAPI schema; run kubectl with --validate=false",
-                           "NotFound")
-        else:
-            return False
-        if doc is None:
-            raise ApiError(404, "the server could not find the requested resource", "NotFound")
-        self._send(200, doc)
-        return True
 
     # --- resources --------------------------------------------------------------------------------------------
 
@@ -205,19 +187,13 @@ class Handler(BaseHTTPRequestHandler):
                 self._watch(r, ns, query)
                 return
             items, rv = store.list(r.key, ns or None, self._predicate(query))
-            if discovery.wants_table(self.headers.get("Accept") or ""):
-                self._send(200, discovery.table(r, items, str(rv)))
-            else:
-                self._send(200, {"kind": r.list_kind, "apiVersion": r.api_version,
-                                 "metadata": {"resourceVersion": str(rv)}, "items": items})
+            self._send(200, {"kind": r.list_kind, "apiVersion": r.api_version,
+                             "metadata": {"resourceVersion": str(rv)}, "items": items})
         elif method == "GET" and sub != "binding":
             obj = store.get(r.key, ns, name)
             if obj is None:
                 raise not_found(r.plural, name, r.group)
-            if discovery.wants_table(self.headers.get("Accept") or ""):
-                self._send(200, discovery.table(r, [obj], obj["metadata"]["resourceVersion"]))
-            else:
-                self._send(200, obj)
+            self._send(200, obj)
         elif method == "POST" and sub == "binding":
             registry.bind(ns, name, self._body(), user, dry_run)
             self._send(201, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201})
@@ -257,7 +233,6 @@ class Handler(BaseHTTPRequestHandler):
             raise bad_request(f"timeoutSeconds={query['timeoutSeconds']!r} is not a number of seconds") from None
         bookmarks = query.get("allowWatchBookmarks") in ("1", "true", "True")
         predicate = self._predicate(query)  # a bad selector is a 400 before the stream starts
-        as_table = discovery.wants_table(self.headers.get("Accept") or "")
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Transfer-Encoding", "chunked")
@@ -287,7 +262,7 @@ class Handler(BaseHTTPRequestHandler):
                     continue
                 if event is None:
                     break
-                self._event(event, r if as_table else None)
+                self._chunk({"type": event.type, "object": event.obj})
                 last_sent = time.monotonic()
             self._chunk_end()
         except OSError:
@@ -309,13 +284,6 @@ class Handler(BaseHTTPRequestHandler):
         rv = str(self.api.store.resource_version)
         self._chunk({"type": "BOOKMARK", "object": {"kind": r.kind, "apiVersion": r.api_version,
                                                      "metadata": {"resourceVersion": rv}}})
-
-    def _event(self, event: WatchEvent, table_of: Resource | None) -> None:
-        """The event; for `kubectl get -w` (Accept: as=Table) each object travels as a one-row Table."""
-        obj = event.obj
-        if table_of is not None:
-            obj = discovery.table(table_of, [obj], str((obj.get("metadata") or {}).get("resourceVersion", "")))
-        self._chunk({"type": event.type, "object": obj})
 
     def _chunk(self, body: Obj) -> None:
         data = (json.dumps(body) + "\n").encode()

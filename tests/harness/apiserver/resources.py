@@ -72,12 +72,3 @@ def resource(key: str) -> Resource:
     except KeyError:
         raise KeyError(f"the test API server has no resource {key!r}; it serves {', '.join(sorted(BY_KEY))}") from None
 
-
-def groups() -> dict[str, list[str]]:
-    """Every API group with its versions, the core group as ''."""
-    out: dict[str, list[str]] = {}
-    for r in RESOURCES:
-        versions = out.setdefault(r.group, [])
-        if r.version not in versions:
-            versions.append(r.version)
-    return out

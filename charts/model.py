@@ -140,14 +140,15 @@ def objects() -> list[Part]:
                     raise ModelError(f"{_describe(k)} differs both by certificate mode and by component {folder}; "
                                      "the chart generator cannot express both on one object.")
                 parts[k].obj = merge(ss[k][0], obj, condition, f"not {condition}", _describe(k))
+    component_conditions = {component_condition(folder) for folder in kustomize.components()}
     for switch in SWITCHES:
         for k, part in parts.items():
             if part.obj["kind"] != switch.kind:
                 continue
             if part.condition is None:
                 part.condition = f".Values.{switch.value}"
-            elif part.condition.startswith(".Values.") and part.condition.endswith(".enabled"):
-                part.condition = f"and {part.condition} .Values.{switch.value}"  # a component's object
+            elif part.condition in component_conditions:
+                part.condition = f"and {part.condition} .Values.{switch.value}"
             else:
                 raise ModelError(f"{_describe(k)} is already under {part.condition}; the chart value "
                                  f"{switch.value} can only switch objects of every render or of a component.")

@@ -180,7 +180,7 @@ class Cluster:
         })
         plugin = Plugin(settings)  # it sees a simulated kubelet restart through its directory watch, as on a node
         plugin.start()
-        return _OurPlugin(plugin.stop)
+        return _OurPlugin(plugin.stop, plugin.service.events.flush)
 
     def _pull_delay(self, pod: Pod) -> float:
         low, high = self.spec.pull_delay
@@ -194,6 +194,9 @@ class Cluster:
         return rs
 
     def observe(self, namespace: str, deleted: set[str]) -> Observation:
+        for plugin in self.plugins:  # our plugin posts its refusals' Events from a queue: read them once sent
+            if isinstance(plugin, _OurPlugin):
+                plugin.flush_events()
         pods = [p for p in self.admin.list_pods()[0] if (p.get("metadata") or {}).get("namespace") == namespace]
         extender = self.extender
         waiting = {**extender.unschedulable, **extender.bind_errors} if extender is not None else {}
@@ -226,6 +229,7 @@ class Cluster:
 @dataclass(frozen=True)
 class _OurPlugin:
     stop: Callable[[], None]
+    flush_events: Callable[[], bool]  # wait until the Events it posted so far are sent
 
     def close(self) -> None:
         self.stop()

@@ -158,7 +158,8 @@ def wait_settled(cluster: Cluster, namespace: str, groups: Sequence[ReplicaSet],
 
 def _delete_some(cluster: Cluster, namespace: str, scenario: Scenario, rng: random.Random,
                  total: int) -> dict[str, str]:
-    """Delete pods as their owner would, preferring pods that are bound but not yet running (pulling)."""
+    """Delete pods as their owner would, preferring pods that are admitted by their kubelet but not yet running
+    (pulling)."""
     deadline = time.monotonic() + 10
     extender = cluster.extender
     while time.monotonic() < deadline:  # until every first pod is bound, or waits for room with a reason
@@ -169,9 +170,18 @@ def _delete_some(cluster: Cluster, namespace: str, scenario: Scenario, rng: rand
             break
         time.sleep(0.01)
     time.sleep(scenario.delete_after_s)
-    pods = sorted(_pods(cluster, namespace), key=lambda p: _meta(p).get("name", ""))
-    pulling = [p for p in pods if (p.get("spec") or {}).get("nodeName")
-               and (p.get("status") or {}).get("phase") == "Pending"]
+    # Pulling: bound, not running, and admitted by its kubelet (its devices allocated), as a pod whose image is
+    # being pulled is. On a loaded machine the kubelet may not have admitted them yet: wait (bounded) for it.
+    deadline = time.monotonic() + 5
+    while True:
+        admitted = {uid for k in cluster.kubelets for uid in k.devices.by_pod()}
+        pods = sorted(_pods(cluster, namespace), key=lambda p: _meta(p).get("name", ""))
+        bound = [p for p in pods if (p.get("spec") or {}).get("nodeName")
+                 and (p.get("status") or {}).get("phase") == "Pending"]
+        pulling = [p for p in bound if _meta(p).get("uid") in admitted]
+        if len(pulling) >= scenario.delete or len(pulling) == len(bound) or time.monotonic() > deadline:
+            break
+        time.sleep(0.01)
     chosen = rng.sample(pulling, min(scenario.delete, len(pulling)))
     rest = [p for p in pods if p not in chosen]
     chosen += rng.sample(rest, min(scenario.delete - len(chosen), len(rest)))

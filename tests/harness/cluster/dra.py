@@ -88,15 +88,22 @@ class DraOutcome:
     consumed_gib: dict[int, int] = field(default_factory=dict)
     over_committed: dict[int, int] = field(default_factory=dict)
     seconds: float | None = None
+    last_pod: dict[str, Any] = field(default_factory=dict)  # where that time went, with its claim's creation
 
 
-def claim_gpus(kubectl: Kubectl, namespace: str, pod: dict[str, Any]) -> dict[int, int]:
-    """GPU index -> bytes the pod's claims consumed there, from the claims' allocation results (our driver's)."""
+def claim_gpus(kubectl: Kubectl, namespace: str, pod: dict[str, Any],
+               created: dict[str, datetime] | None = None) -> dict[int, int]:
+    """GPU index -> bytes the pod's claims consumed there, from the claims' allocation results (our driver's);
+    `created` gets the pod's latest claim creation."""
     out: dict[int, int] = {}
     for status in (pod.get("status") or {}).get("resourceClaimStatuses") or []:
         if not status.get("resourceClaimName"):
             continue
         claim = kubectl.json(["get", "resourceclaim", "-n", namespace, status["resourceClaimName"]])
+        if created is not None:
+            made = w.stamp(claim["metadata"]["creationTimestamp"])
+            name = pod["metadata"]["name"]
+            created[name] = max(made, created.get(name, made))
         for result in ((claim.get("status") or {}).get("allocation") or {}).get("devices", {}).get("results") or []:
             index = gpu_index(result.get("device", "")) if result.get("driver") == DRA_DRIVER else None
             if index is not None:
@@ -112,6 +119,7 @@ def outcome(cluster: Cluster, kubectl: Kubectl, namespace: str, containers: tupl
     out = DraOutcome(pods=len(live))
     consumed: dict[int, int] = {}
     starts: list[datetime] = []
+    claims: dict[str, datetime] = {}  # pod -> its claim's creation (the controller manager makes it from the template)
     for p in live:
         name = p["metadata"]["name"]
         if w.phase(p) == "Failed":
@@ -121,11 +129,8 @@ def outcome(cluster: Cluster, kubectl: Kubectl, namespace: str, containers: tupl
             out.stuck.append(f"{name}: {w.reason(p)}")
             continue
         out.started += 1
-        for status in (p.get("status") or {}).get("containerStatuses") or []:
-            started_at = ((status.get("state") or {}).get("running") or {}).get("startedAt")
-            if started_at:
-                starts.append(datetime.fromisoformat(started_at.replace("Z", "+00:00")))
-        claimed_gpus = claim_gpus(kubectl, namespace, p)
+        starts.extend(w.started_at(p))
+        claimed_gpus = claim_gpus(kubectl, namespace, p, claims)
         for gpu, size in claimed_gpus.items():
             consumed[gpu] = consumed.get(gpu, 0) + size
         got_all = set()
@@ -142,11 +147,14 @@ def outcome(cluster: Cluster, kubectl: Kubectl, namespace: str, containers: tupl
             out.on_claimed_gpu += 1
     out.consumed_gib = {g: b // GIB for g, b in sorted(consumed.items())}
     out.over_committed = {g: gib for g, gib in out.consumed_gib.items() if gib > capacity_gib}
-    created = [datetime.fromisoformat(t.replace("Z", "+00:00")) for t in kubectl.ok(
+    created = [w.stamp(t) for t in kubectl.ok(
         ["get", "replicasets,pods", "-n", namespace, "-o",
          "jsonpath={.items[*].metadata.creationTimestamp}"]).split()]
     if starts and created:
         out.seconds = (max(starts) - min(created)).total_seconds()
+        out.last_pod = w.last_start_path(live, min(created))
+        if out.last_pod.get("pod") in claims:
+            out.last_pod["claim_created"] = (claims[out.last_pod["pod"]] - min(created)).total_seconds()
     return out
 
 

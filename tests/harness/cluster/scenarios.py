@@ -93,6 +93,7 @@ class Outcome:
     plugin_refusals: dict[str, int] = field(default_factory=dict)  # our plugin's refusal Events by reason
     plugin_messages: list[str] = field(default_factory=list)  # one refusal message per reason
     seconds: float | None = None  # the first ReplicaSet's creation to the last container start (API server clock)
+    last_pod: dict[str, Any] = field(default_factory=dict)  # where that time went (workloads.last_start_path)
 
     @property
     def failed(self) -> bool:
@@ -109,10 +110,6 @@ def received_gpu(rep: w.Report, stack: str, cluster: Cluster) -> int | None:
     reference plugin at its pinned commit answers the index (allocate.go; its #50), as env delivery does."""
     s = cluster.settings
     return w.gpu_of(rep, "env" if stack == "reference" else stack, s.node_name, s.fake_gpus)
-
-
-def _time(stamp: str) -> datetime:
-    return datetime.fromisoformat(stamp.replace("Z", "+00:00"))
 
 
 def _shape_of(pod: dict[str, Any], scenario: Scenario) -> Shape:
@@ -137,10 +134,7 @@ def outcome(cluster: Cluster, kubectl: Kubectl, namespace: str, stack: str, scen
             out.stuck.append(f"{name}: {w.reason(p)}")
             continue
         out.started += 1
-        for status in (p.get("status") or {}).get("containerStatuses") or []:
-            started_at = ((status.get("state") or {}).get("running") or {}).get("startedAt")
-            if started_at:
-                starts.append(_time(started_at))
+        starts.extend(w.started_at(p))
         shape, recorded, gpus = _shape_of(p, scenario), w.assigned_index(p), set()
         for container_name in shape.gpu_containers:
             rep = w.report(kubectl, namespace, name, container_name)
@@ -164,10 +158,11 @@ def outcome(cluster: Cluster, kubectl: Kubectl, namespace: str, stack: str, scen
         refusals[str(e.get("reason"))] += int(e.get("count") or 1)  # the API server folds repeats into one Event
     out.plugin_refusals = dict(refusals)
     out.plugin_messages = list({str(e.get("reason")): str(e.get("message")) for e in plugin_events}.values())
-    created = [_time(t) for t in kubectl.ok(["get", "replicasets", "-n", namespace, "-o",
-                                             "jsonpath={.items[*].metadata.creationTimestamp}"]).split()]
+    created = [w.stamp(t) for t in kubectl.ok(["get", "replicasets", "-n", namespace, "-o",
+                                               "jsonpath={.items[*].metadata.creationTimestamp}"]).split()]
     if starts and created:
         out.seconds = (max(starts) - min(created)).total_seconds()
+        out.last_pod = w.last_start_path(live, min(created))
     return out
 
 

@@ -16,6 +16,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -121,6 +122,34 @@ def running(p: Mapping[str, Any]) -> bool:
 def settled(p: Mapping[str, Any]) -> bool:
     """Running, or finished for good (Failed, e.g. UnexpectedAdmissionError)."""
     return running(p) or phase(p) in ("Failed", "Succeeded")
+
+
+def stamp(text: str) -> datetime:
+    """An API timestamp (RFC 3339, whole seconds)."""
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def started_at(p: Mapping[str, Any]) -> list[datetime]:
+    """When each running container of the pod started."""
+    return [stamp(s["state"]["running"]["startedAt"]) for s in (p.get("status") or {}).get("containerStatuses") or []
+            if ((s.get("state") or {}).get("running") or {}).get("startedAt")]
+
+
+def last_start_path(live: Iterable[Mapping[str, Any]], since: datetime) -> dict[str, Any]:
+    """Where the time of the pod that started last went: its creation, its scheduling (PodScheduled) and its last
+    container's start, in seconds after `since` (the first creation), on the API server's clock in whole seconds."""
+    started = [(max(started_at(p)), p) for p in live if started_at(p)]
+    if not started:
+        return {}
+    last, p = max(started, key=lambda pair: pair[0])
+    scheduled = next((c.get("lastTransitionTime") for c in (p.get("status") or {}).get("conditions") or []
+                      if c.get("type") == "PodScheduled" and c.get("status") == "True"), None)
+    created = stamp(p["metadata"]["creationTimestamp"])
+    path: dict[str, Any] = {"pod": p["metadata"]["name"], "created": (created - since).total_seconds()}
+    if scheduled:
+        path["scheduled"] = (stamp(scheduled) - since).total_seconds()
+    path["started"] = (last - since).total_seconds()
+    return path
 
 
 def reason(p: Mapping[str, Any]) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -91,19 +91,17 @@ class DraOutcome:
     last_pod: dict[str, Any] = field(default_factory=dict)  # where that time went, with its claim's creation
 
 
-def claim_gpus(kubectl: Kubectl, namespace: str, pod: dict[str, Any],
-               created: dict[str, datetime] | None = None) -> dict[int, int]:
-    """GPU index -> bytes the pod's claims consumed there, from the claims' allocation results (our driver's);
-    `created` gets the pod's latest claim creation."""
+def _claims(kubectl: Kubectl, namespace: str, pod: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The pod's ResourceClaims, as the controller manager made them from its templates."""
+    return [kubectl.json(["get", "resourceclaim", "-n", namespace, status["resourceClaimName"]])
+            for status in (pod.get("status") or {}).get("resourceClaimStatuses") or []
+            if status.get("resourceClaimName")]
+
+
+def claim_gpus(kubectl: Kubectl, namespace: str, pod: dict[str, Any]) -> dict[int, int]:
+    """GPU index -> bytes the pod's claims consumed there, from the claims' allocation results (our driver's)."""
     out: dict[int, int] = {}
-    for status in (pod.get("status") or {}).get("resourceClaimStatuses") or []:
-        if not status.get("resourceClaimName"):
-            continue
-        claim = kubectl.json(["get", "resourceclaim", "-n", namespace, status["resourceClaimName"]])
-        if created is not None:
-            made = w.stamp(claim["metadata"]["creationTimestamp"])
-            name = pod["metadata"]["name"]
-            created[name] = max(made, created.get(name, made))
+    for claim in _claims(kubectl, namespace, pod):
         for result in ((claim.get("status") or {}).get("allocation") or {}).get("devices", {}).get("results") or []:
             index = gpu_index(result.get("device", "")) if result.get("driver") == DRA_DRIVER else None
             if index is not None:
@@ -119,7 +117,6 @@ def outcome(cluster: Cluster, kubectl: Kubectl, namespace: str, containers: tupl
     out = DraOutcome(pods=len(live))
     consumed: dict[int, int] = {}
     starts: list[datetime] = []
-    claims: dict[str, datetime] = {}  # pod -> its claim's creation (the controller manager makes it from the template)
     for p in live:
         name = p["metadata"]["name"]
         if w.phase(p) == "Failed":
@@ -130,7 +127,7 @@ def outcome(cluster: Cluster, kubectl: Kubectl, namespace: str, containers: tupl
             continue
         out.started += 1
         starts.extend(w.started_at(p))
-        claimed_gpus = claim_gpus(kubectl, namespace, p, claims)
+        claimed_gpus = claim_gpus(kubectl, namespace, p)
         for gpu, size in claimed_gpus.items():
             consumed[gpu] = consumed.get(gpu, 0) + size
         got_all = set()
@@ -153,8 +150,10 @@ def outcome(cluster: Cluster, kubectl: Kubectl, namespace: str, containers: tupl
     if starts and created:
         out.seconds = (max(starts) - min(created)).total_seconds()
         out.last_pod = w.last_start_path(live, min(created))
-        if out.last_pod.get("pod") in claims:
-            out.last_pod["claim_created"] = (claims[out.last_pod["pod"]] - min(created)).total_seconds()
+        last = next((p for p in live if p["metadata"]["name"] == out.last_pod.get("pod")), None)
+        made = [w.stamp(c["metadata"]["creationTimestamp"]) for c in _claims(kubectl, namespace, last or {})]
+        if made:
+            out.last_pod["claim_created"] = (max(made) - min(created)).total_seconds()
     return out
 
 

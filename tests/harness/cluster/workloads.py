@@ -138,7 +138,7 @@ def started_at(p: Mapping[str, Any]) -> list[datetime]:
 def last_start_path(live: Iterable[Mapping[str, Any]], since: datetime) -> dict[str, Any]:
     """Where the time of the pod that started last went: its creation, its scheduling (PodScheduled) and its last
     container's start, in seconds after `since` (the first creation), on the API server's clock in whole seconds."""
-    started = [(max(started_at(p)), p) for p in live if started_at(p)]
+    started = [(max(times), p) for p in live if (times := started_at(p))]
     if not started:
         return {}
     last, p = max(started, key=lambda pair: pair[0])

@@ -10,10 +10,14 @@ from typing import Any, Protocol
 
 from contract.modes import Unit
 from deviceplugin.apiserver import ApiServerError
-from deviceplugin.dra.slice import inventory_slices, pool_plan
+from deviceplugin.dra.slice import capacity_dropped, inventory_slices, pool_plan
 from deviceplugin.inventory import Inventory
 
 log = logging.getLogger(__name__)
+
+# While the API server drops the slices' consumable capacity, the keeper leaves a pool stored that way alone and
+# writes it again only every this many steps (five minutes at the default 10 s), to find out that the gate is on.
+CAPACITY_RETRY_STEPS = 30
 
 
 class SliceApi(Protocol):
@@ -21,7 +25,7 @@ class SliceApi(Protocol):
 
     def list_slices(self, node: str) -> list[dict[str, Any]]: ...
 
-    def write_slice(self, body: Mapping[str, Any]) -> None: ...
+    def write_slice(self, body: Mapping[str, Any]) -> Mapping[str, Any] | None: ...
 
     def delete_slice(self, name: str) -> None: ...
 
@@ -30,9 +34,16 @@ class SliceKeeper:
     """One step reads the slice and writes it only when needed; a thread repeats the step every `interval`.
 
     The kubelet deletes all of a node's ResourceSlices when it starts, and a driver's 30 s after the driver's
-    connection drops (pkg/kubelet/cm/dra/plugin/dra_plugin_manager.go:160-180, 215-262), and does not ask the
-    driver to publish them again: the driver finds them gone by reading. A step that finds what the last one found
-    logs nothing, so a healthy driver is quiet and a lasting failure is one line, not one per poll."""
+    connection drops (pkg/kubelet/cm/dra/plugin/dra_plugin_manager.go:160-180, 215-262 in v1.34.4; the same in
+    v1.37.2 at :161-180, :217-264), and does not ask the driver to publish them again: the driver finds them gone
+    by reading. A step that finds what the last one found logs nothing, so a healthy driver is quiet and a lasting
+    failure is one line, not one per poll.
+
+    Each write's answer is the slice as stored: an API server whose DRAConsumableCapacity gate is off (alpha and
+    off by default in Kubernetes 1.35) drops the devices' allowMultipleAllocations and requestPolicy, and the
+    scheduler then gives each claim a whole GPU, which the driver refuses to prepare. That is one error line
+    naming the gate; the pool stays published as stored and is written again every CAPACITY_RETRY_STEPS steps,
+    not every step, until the API server keeps the fields."""
 
     def __init__(self, api: SliceApi, node: str, inventory: Inventory, unit: Unit, interval: float) -> None:
         self.api = api
@@ -42,7 +53,9 @@ class SliceKeeper:
         self.interval = interval
         self.writes = 0
         self.failures = 0
+        self.capacity_dropped = False  # the API server's last answer to a write lacked the consumable capacity
         self._found = ""  # what the last step found, to log only a change
+        self._steps_unwritten = 0
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="dra-slice", daemon=True)
@@ -58,12 +71,16 @@ class SliceKeeper:
         sentence = "T" + pool[1:]
         try:
             existing = self.api.list_slices(self.node)
-            writes, deletes = pool_plan(existing, self.wanted())
+            retry = self._steps_unwritten + 1 >= CAPACITY_RETRY_STEPS
+            writes, deletes = pool_plan(existing, self.wanted(), consumable_capacity=not self.capacity_dropped or retry)
             if not writes and not deletes:
-                self._note("current", logging.INFO, "%s are published and current.", sentence)
+                self._steps_unwritten += 1
+                if self.capacity_dropped:
+                    self._capacity_error()
+                else:
+                    self._note("current", logging.INFO, "%s are published and current.", sentence)
                 return False
-            for body in writes:
-                self.api.write_slice(body)
+            stored = [self.api.write_slice(body) for body in writes]
             for name in deletes:
                 self.api.delete_slice(name)
         except ApiServerError as exc:
@@ -73,11 +90,32 @@ class SliceKeeper:
                        "check the driver's API server access.", pool, exc, self.interval)
             return False
         self.writes += 1
+        self._steps_unwritten = 0
+        if any(capacity_dropped(body, answer) for body, answer in zip(writes, stored, strict=True)):
+            self.capacity_dropped = True
+            self._capacity_error()
+            return True
+        self._found = "current"  # this line says so: the next step that finds them current is quiet
+        if self.capacity_dropped:
+            self.capacity_dropped = False
+            log.info("The API server now keeps the consumable capacity of %s (DRAConsumableCapacity is on); "
+                     "published %d, deleted %d: claims get shares of their GPU's memory.",
+                     pool, len(writes), len(deletes))
+            return True
         why = ("were missing (the kubelet deletes a driver's slices when it starts and when the driver disconnects)"
                if not existing else "differed from this node's GPUs")
-        self._found = "current"  # this line says so: the next step that finds them current is quiet
         log.info("%s %s; published %d, deleted %d.", sentence, why, len(writes), len(deletes))
         return True
+
+    def _capacity_error(self) -> None:
+        self._note(
+            "capacity dropped", logging.ERROR, "The API server dropped allowMultipleAllocations and the memory "
+            "capacity's requestPolicy from the ResourceSlices of node %s: its DRAConsumableCapacity feature gate is "
+            "off (alpha and off by default in Kubernetes 1.35, on by default from 1.36). The slices are published "
+            "without them, so the scheduler gives each claim a whole GPU and this driver refuses to prepare it. Turn "
+            "the gate on with --feature-gates=DRAConsumableCapacity=true on kube-apiserver, kube-scheduler and "
+            "kube-controller-manager; the driver writes the slices again every %g s and says when they are kept.",
+            self.node, self.interval * CAPACITY_RETRY_STEPS)
 
     def _note(self, found: str, level: int, message: str, *args: Any) -> None:
         if found != self._found:

@@ -41,14 +41,15 @@ class KubeDra:
         items = (found or {}).get("items") or []
         return [item for item in items if isinstance(item, dict)]
 
-    def write_slice(self, body: Mapping[str, Any]) -> None:
+    def write_slice(self, body: Mapping[str, Any]) -> dict[str, Any] | None:
         """Create `body` (from deviceplugin.dra.slice.pool_plan), or replace the slice whose resourceVersion it
-        carries (Conflict, an ApiServerError, when another writer came first: the keeper's next step reads again)."""
+        carries (Conflict, an ApiServerError, when another writer came first: the keeper's next step reads again).
+        Returns the slice as the API server stored it (None when it was deleted meanwhile): what its feature gates
+        kept of the body."""
         name = str(body["metadata"]["name"])
         if body["metadata"].get("resourceVersion"):
-            self.api.resource_v1(f"update ResourceSlice {name}", "replace_resource_slice", name, body)
-        else:
-            self.api.resource_v1(f"create ResourceSlice {name}", "create_resource_slice", body)
+            return self.api.resource_v1(f"update ResourceSlice {name}", "replace_resource_slice", name, body)
+        return self.api.resource_v1(f"create ResourceSlice {name}", "create_resource_slice", body)
 
     def delete_slice(self, name: str) -> None:
         """Delete a slice of ours no GPU stands for any more (gone already: nothing to do)."""

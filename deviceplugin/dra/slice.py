@@ -36,8 +36,8 @@ def gpu_device(gpu: Gpu, unit: Unit) -> dict[str, Any]:
                 "requestPolicy": {"default": one, "validRange": {"min": one, "step": one}},
             }
         },
-        # A requestPolicy is valid only with allowMultipleAllocations (DRAConsumableCapacity, alpha in 1.34: the
-        # API server drops both fields unless the gate is on there).
+        # A requestPolicy is valid only with allowMultipleAllocations (DRAConsumableCapacity: alpha and off in 1.35,
+        # beta and on from 1.36; an API server without it drops both fields: capacity_dropped tells).
         "allowMultipleAllocations": True,
     }
 
@@ -47,13 +47,22 @@ def pool_slices(
 ) -> list[dict[str, Any]]:
     """This node's pool: one ResourceSlice per healthy GPU, each holding that GPU's device.
 
-    One device per slice because the Kubernetes 1.34 scheduler checks the remaining capacity of a device by its
+    One device per slice because the Kubernetes 1.34 scheduler checked the remaining capacity of a device by its
     position in the request, not in the slice (k8s.io/dynamic-resource-allocation v0.34.4
-    structured/internal/experimental/allocator_experimental.go:1295, `r.deviceIndex`; kubernetes/kubernetes#133705,
-    fixed in 1.35): with several devices in a slice, once the first GPU is full no claim gets any other. With one
-    device per slice, the first device of its slice is the device itself. Unhealthy GPUs are left out rather than
-    tainted: Device.taints needs the DRADeviceTaints gate, alpha and off in 1.34, and without it the API server
-    drops the field, so a taint would not keep claims off the GPU."""
+    structured/internal/experimental/allocator_experimental.go:1141-1149 and :1295, `r.deviceIndex`;
+    kubernetes/kubernetes#133705): with several devices in a slice, once the first GPU was full no claim got any
+    other. Fixed in 1.35 (#133706, CHANGELOG-1.35): from v0.35.4 on, every allocator that supports consumable
+    capacity (experimental in 1.35; incubating and experimental in 1.36 and 1.37) passes the device itself
+    (`CmpRequestOverCapacity(..., device.slice, *device.Device)`: v0.35.4 experimental :1335, v0.36.3 incubating
+    :1415, v0.37.2 incubating :1436 and experimental :1706). The layout stays because it is valid and correct on
+    every supported release (each slice names the pool's resourceSliceCount) and the real-cluster tier proves it;
+    its one cost since 1.35 is that an ExactCount request skips a pool while it is incomplete (v0.37.2 incubating
+    :1090), so while pool_plan's writes land one by one the node offers nothing for a few requests' time, and the
+    scheduler retries the pod on the slice event that completes the pool.
+
+    Unhealthy GPUs are left out rather than tainted: Device.taints needs the DRADeviceTaints gate, alpha and off
+    in 1.35 (beta from 1.36, GA in 1.37), and without it the API server drops the field, so a taint would not keep
+    claims off the GPU."""
     healthy = [gpu for gpu in gpus if gpu.index not in unhealthy]
     return [{
         "apiVersion": API_VERSION,
@@ -83,12 +92,45 @@ def _amounts(value: Any) -> Any:
         return value
 
 
-def _published(spec: Mapping[str, Any]) -> tuple[Any, ...]:
+def without_consumable_capacity(device: Mapping[str, Any]) -> dict[str, Any]:
+    """`device` as an API server with DRAConsumableCapacity off stores it: no allowMultipleAllocations, no capacity
+    requestPolicy, the capacity's value kept (k8s.io/kubernetes v1.35.4
+    pkg/registry/resource/resourceslice/strategy.go:308-326, dropDisabledDRAConsumableCapacityFields; an update
+    keeps them when the stored slice already has them)."""
+    capacity = {name: {k: v for k, v in c.items() if k != "requestPolicy"} if isinstance(c, Mapping) else c
+                for name, c in (device.get("capacity") or {}).items()}
+    return {**{k: v for k, v in device.items() if k != "allowMultipleAllocations"},
+            **({"capacity": capacity} if "capacity" in device else {})}
+
+
+def capacity_dropped(written: Mapping[str, Any], stored: Mapping[str, Any] | None) -> bool:
+    """Whether the API server stored the slice `written` (as it answered the write: `stored`) without a device's
+    allowMultipleAllocations or a capacity's requestPolicy: its DRAConsumableCapacity gate is off."""
+    kept = {d.get("name"): d for d in ((stored or {}).get("spec") or {}).get("devices") or [] if isinstance(d, Mapping)}
+    for device in written["spec"]["devices"]:
+        got = kept.get(device["name"])
+        if got is None:
+            continue
+        if device.get("allowMultipleAllocations") and not got.get("allowMultipleAllocations"):
+            return True
+        got_capacity = got.get("capacity") or {}
+        if any("requestPolicy" in c and "requestPolicy" not in (got_capacity.get(name) or {})
+               for name, c in (device.get("capacity") or {}).items()):
+            return True
+    return False
+
+
+def _published_device(device: Any, consumable_capacity: bool) -> Any:
+    if not isinstance(device, Mapping):
+        return device
+    if not consumable_capacity:
+        device = without_consumable_capacity(device)
+    return {**device, "capacity": _amounts(device.get("capacity") or {})}
+
+
+def _published(spec: Mapping[str, Any], consumable_capacity: bool = True) -> tuple[Any, ...]:
     pool = spec.get("pool") or {}
-    devices = [
-        {**device, "capacity": _amounts(device.get("capacity") or {})} if isinstance(device, Mapping) else device
-        for device in spec.get("devices") or []
-    ]
+    devices = [_published_device(device, consumable_capacity) for device in spec.get("devices") or []]
     return spec.get("driver"), spec.get("nodeName"), pool.get("name"), devices
 
 
@@ -98,18 +140,20 @@ def _generation(item: Mapping[str, Any]) -> int:
 
 
 def pool_plan(
-    existing: Sequence[Mapping[str, Any]], wanted: Sequence[Mapping[str, Any]]
+    existing: Sequence[Mapping[str, Any]], wanted: Sequence[Mapping[str, Any]], *, consumable_capacity: bool = True
 ) -> tuple[list[dict[str, Any]], list[str]]:
     """What to write and which slices to delete so the API server holds `wanted` (from pool_slices): nothing when
     every slice already says the same at one generation; else every wanted slice at the next generation (consumers
     use only a pool's highest generation, so all its slices move together), each with its existing
-    resourceVersion (a concurrent writer then gets 409 instead of being overwritten), and the others deleted."""
+    resourceVersion (a concurrent writer then gets 409 instead of being overwritten), and the others deleted.
+    With `consumable_capacity` False (the API server drops it), a slice stored as such a server stores the wanted
+    one counts as the same, so the pool is not written again and again."""
     by_name = {str((e.get("metadata") or {}).get("name")): e for e in existing}
     names = [str(w["metadata"]["name"]) for w in wanted]
     generations = {_generation(e) for e in existing}
     if (set(by_name) == set(names) and len(generations) <= 1
-            and all(_published(by_name[n].get("spec") or {}) == _published(w["spec"]) for n, w in zip(
-                names, wanted, strict=True))
+            and all(_published(by_name[n].get("spec") or {}) == _published(w["spec"], consumable_capacity)
+                    for n, w in zip(names, wanted, strict=True))
             and all(((by_name[n].get("spec") or {}).get("pool") or {}).get("resourceSliceCount") == len(wanted)
                     for n in names)):
         return [], []

@@ -4,12 +4,17 @@ and PodMonitor (each proven on the real tier: tests/e2e/test_dra.py, tests/insta
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from contract.keys import DRA_DRIVER
 from deviceplugin.dra import settings as dra_settings
+from deviceplugin.dra.kube import KubeDra
+from deviceplugin.dra.slice import pool_slices
+from deviceplugin.inventory import Gpu
 from tests.harness.manifests.render import (
     NAMESPACE,
     OVERLAYS,
@@ -48,6 +53,62 @@ def test_the_component_adds_the_class_the_rbac_and_the_policies(overlay: str, tm
     for name in ("gpushare-dra-own-node-slices", "gpushare-dra-one-share-per-request"):
         assert by_kind["ValidatingAdmissionPolicy", name]["spec"]["failurePolicy"] == "Fail"
         assert by_kind["ValidatingAdmissionPolicyBinding", name]["spec"]["policyName"] == name
+
+
+class _Recorder:
+    """KubeApiServer.resource_v1, recording the kubernetes client operation of each call."""
+
+    def __init__(self) -> None:
+        self.operations: list[str] = []
+
+    def resource_v1(self, what: str, operation: str, *args: Any, **kwargs: Any) -> dict[str, Any] | None:
+        self.operations.append(operation)
+        return {"items": []}
+
+
+_CLIENT_VERBS = {"read": "get", "list": "list", "create": "create", "replace": "update", "patch": "patch",
+                 "delete": "delete"}
+
+
+def _request(operation: str) -> tuple[str, str]:
+    """The RBAC resource and verb of a kubernetes client operation (replace_namespaced_resource_claim_status:
+    resourceclaims/status, update)."""
+    verb, _, rest = operation.partition("_")
+    rest = rest.removeprefix("namespaced_")
+    subresource = "/status" if rest.endswith("_status") else ""
+    return rest.removesuffix("_status").replace("_", "") + "s" + subresource, _CLIENT_VERBS[verb]
+
+
+def _driver_requests() -> set[tuple[str, str]]:
+    """Every request the driver makes, through every method of its API adapter."""
+    api = _Recorder()
+    kube = KubeDra(api)
+    methods = {name for name, _ in inspect.getmembers(KubeDra, inspect.isfunction) if not name.startswith("_")}
+    assert methods == {"get_claim", "list_slices", "write_slice", "delete_slice"}, "a new call needs its RBAC here"
+    [body] = pool_slices("node-a", [Gpu(0, "GPU-a", 16)], set(), "GiB")
+    kube.get_claim("team", "claim")
+    kube.list_slices("node-a")
+    kube.write_slice(body)
+    kube.write_slice({**body, "metadata": {**body["metadata"], "resourceVersion": "7"}})
+    kube.delete_slice(body["metadata"]["name"])
+    return {_request(operation) for operation in api.operations}
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_drivers_role_grants_every_request_it_makes_and_no_claim_status(overlay: str, tmp_path: Path) -> None:
+    """The same rules on Kubernetes 1.35, 1.36 and 1.37: the driver reads claims and writes its slices. It writes no
+    claim status, so 1.36's granular status authorization (#134947: resourceclaims/binding, and associated-node:
+    verbs on resourceclaims/driver) does not apply to it, and the role grants no claim subresource at all."""
+    rules = _by_name(render_with_component(overlay, "dra", tmp_path))["ClusterRole", DRIVER]["rules"]
+    granted = {(resource, verb) for rule in rules if rule["apiGroups"] == ["resource.k8s.io"]
+               for resource in rule["resources"] for verb in rule["verbs"]}
+    requests = _driver_requests()
+    assert requests == {("resourceclaims", "get"), ("resourceslices", "list"), ("resourceslices", "create"),
+                        ("resourceslices", "update"), ("resourceslices", "delete")}
+    assert requests <= granted, requests - granted
+    assert {verb for resource, verb in granted if resource == "resourceclaims"} == {"get"}, "claims are only read"
+    assert not [r for rule in rules for r in rule["resources"] if "/" in r], "no status, binding or driver rights"
+    assert all("resourceNames" not in rule for rule in rules)
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)

@@ -45,7 +45,7 @@ def test_slices_are_listed_by_node_and_driver_written_and_deleted() -> None:
     api = FakeResourceApi()
     kube = KubeDra(api)
     first, second = pool_slices(NODE, GPUS, set(), "GiB")
-    kube.write_slice(first)
+    assert kube.write_slice(first) == first, "the slice as the API server answered the write"
     kube.write_slice({**second, "metadata": {**second["metadata"], "resourceVersion": "3"}})
     assert [s["metadata"]["name"] for s in kube.list_slices(NODE)] == [first["metadata"]["name"],
                                                                       second["metadata"]["name"]]

@@ -7,7 +7,14 @@ import pytest
 from contract.dra import gpu_index
 from contract.keys import DRA_DRIVER
 from contract.modes import Unit
-from deviceplugin.dra.slice import inventory_slices, pool_plan, pool_slices, slice_name
+from deviceplugin.dra.slice import (
+    capacity_dropped,
+    inventory_slices,
+    pool_plan,
+    pool_slices,
+    slice_name,
+    without_consumable_capacity,
+)
 from deviceplugin.inventory import Gpu, Inventory
 from tests.harness.dra.claims import GPUS, NODE
 
@@ -93,3 +100,50 @@ def test_pool_plan_rewrites_a_pool_whose_slices_disagree() -> None:
                                                                            "generation": 5}}}]
     writes, _ = pool_plan(mixed, wanted)
     assert [w["spec"]["pool"]["generation"] for w in writes] == [6, 6]
+
+
+def _gate_off(slices: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """As an API server with DRAConsumableCapacity off stores them."""
+    return [{**s, "spec": {**s["spec"], "devices": [without_consumable_capacity(d) for d in s["spec"]["devices"]]}}
+            for s in slices]
+
+
+def test_without_consumable_capacity_keeps_the_capacity_value_alone() -> None:
+    [device] = pool_slices(NODE, GPUS[:1], set(), "GiB")[0]["spec"]["devices"]
+    assert without_consumable_capacity(device) == {
+        "name": "gpu-0", "attributes": device["attributes"], "capacity": {"memory": {"value": "16Gi"}}}
+
+
+@pytest.mark.parametrize(
+    ("stored", "dropped"),
+    [
+        ("as written", False),
+        ("gate off", True),
+        ("policy dropped", True),
+        ("no answer", False),  # deleted meanwhile: nothing to tell from
+        ("other device", False),
+    ],
+)
+def test_capacity_dropped_reads_the_write_answer(stored: str, dropped: bool) -> None:
+    [written] = pool_slices(NODE, GPUS[:1], set(), "GiB")
+    [device] = written["spec"]["devices"]
+    devices = {
+        "as written": [device],
+        "gate off": [without_consumable_capacity(device)],
+        "policy dropped": [{**device, "capacity": {"memory": {"value": "16Gi"}}}],
+        "other device": [without_consumable_capacity({**device, "name": "gpu-9"})],
+    }
+    answer = None if stored == "no answer" else {**written, "spec": {**written["spec"], "devices": devices[stored]}}
+    assert capacity_dropped(written, answer) is dropped
+
+
+def test_pool_plan_leaves_a_pool_stored_without_the_gate_alone_only_when_told() -> None:
+    wanted = pool_slices(NODE, GPUS, set(), "MiB")
+    stored = _gate_off(_stored(wanted, 3))
+    writes, _ = pool_plan(stored, wanted)
+    assert [w["spec"]["pool"]["generation"] for w in writes] == [4, 4], "the fields are missing: write them"
+    assert pool_plan(stored, wanted, consumable_capacity=False) == ([], [])
+    # Anything else that differs is still written, with the fields (the API server may keep them now).
+    writes, deletes = pool_plan(stored, pool_slices(NODE, GPUS, {1}, "MiB"), consumable_capacity=False)
+    assert deletes == [stored[1]["metadata"]["name"]]
+    assert [w["spec"]["devices"][0]["allowMultipleAllocations"] for w in writes] == [True]

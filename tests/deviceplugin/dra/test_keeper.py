@@ -1,0 +1,88 @@
+"""The slice keeper against an API server whose DRAConsumableCapacity gate is off: one error naming the gate, no
+rewrite at every step, and the pool published with its capacity once the gate is on."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from deviceplugin.dra.keeper import CAPACITY_RETRY_STEPS, SliceKeeper
+from deviceplugin.dra.slice import slice_name
+from deviceplugin.inventory import Inventory
+from tests.harness.dra.claims import GPUS, NODE
+from tests.harness.dra.fakes import FakeDraApi
+
+SLICES = [slice_name(NODE, 0), slice_name(NODE, 1)]
+
+
+def _keeper(api: FakeDraApi) -> SliceKeeper:
+    return SliceKeeper(api, NODE, Inventory(GPUS, "GiB", 4096), "GiB", interval=10)
+
+
+def _lines(caplog: pytest.LogCaptureFixture) -> list[tuple[int, str]]:
+    return [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "deviceplugin.dra.keeper"]
+
+
+def _device(api: FakeDraApi, name: str) -> dict[str, object]:
+    [device] = api.slices[name]["spec"]["devices"]
+    return device  # type: ignore[no-any-return]
+
+
+def test_a_gate_that_is_off_is_one_error_naming_it_and_no_rewrite_loop(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="deviceplugin.dra.keeper")
+    api = FakeDraApi()
+    api.consumable_capacity = False
+    keeper = _keeper(api)
+    assert keeper.step()
+    assert keeper.capacity_dropped and sorted(api.slices) == SLICES
+    assert "allowMultipleAllocations" not in _device(api, SLICES[0])
+    assert _device(api, SLICES[0])["capacity"] == {"memory": {"value": "16Gi"}}, "the value is kept, not the policy"
+    [(level, line)] = _lines(caplog)
+    assert level == logging.ERROR
+    assert line == (
+        f"The API server dropped allowMultipleAllocations and the memory capacity's requestPolicy from the "
+        f"ResourceSlices of node {NODE}: its DRAConsumableCapacity feature gate is off (alpha and off by default in "
+        "Kubernetes 1.35, on by default from 1.36). The slices are published without them, so the scheduler gives "
+        "each claim a whole GPU and this driver refuses to prepare it. Turn the gate on with "
+        "--feature-gates=DRAConsumableCapacity=true on kube-apiserver, kube-scheduler and kube-controller-manager; "
+        "the driver writes the slices again every 300 s and says when they are kept."
+    )
+    # The pool as stored counts as current: no write at every step, and nothing more to say.
+    writes = api.slice_writes
+    assert not any(keeper.step() for _ in range(CAPACITY_RETRY_STEPS - 1))
+    assert api.slice_writes == writes
+    # Every CAPACITY_RETRY_STEPS steps it writes again, to find out whether the gate is on; still off: quiet.
+    assert keeper.step() and api.slice_writes == writes + 2 and keeper.capacity_dropped
+    assert len(_lines(caplog)) == 1
+    # A missing slice is written at once, as always.
+    del api.slices[SLICES[1]]
+    assert keeper.step() and sorted(api.slices) == SLICES
+    assert len(_lines(caplog)) == 1
+
+
+def test_the_pool_gets_its_capacity_once_the_gate_is_on(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="deviceplugin.dra.keeper")
+    api = FakeDraApi()
+    api.consumable_capacity = False
+    keeper = _keeper(api)
+    keeper.step()
+    api.consumable_capacity = True  # the API server restarted with --feature-gates=DRAConsumableCapacity=true
+    steps = [keeper.step() for _ in range(CAPACITY_RETRY_STEPS)]
+    assert steps == [False] * (CAPACITY_RETRY_STEPS - 1) + [True]
+    assert not keeper.capacity_dropped
+    assert all(_device(api, name)["allowMultipleAllocations"] is True for name in SLICES)
+    assert not keeper.step(), "current at last"
+    assert _lines(caplog)[1:] == [(
+        logging.INFO, f"The API server now keeps the consumable capacity of the ResourceSlices of node {NODE} "
+        "(DRAConsumableCapacity is on); published 2, deleted 0: claims get shares of their GPU's memory.",
+    )]
+
+
+def test_an_api_server_with_the_gate_on_is_never_told_about_it(caplog: pytest.LogCaptureFixture) -> None:
+    api = FakeDraApi()
+    keeper = _keeper(api)
+    assert keeper.step() and not keeper.step()
+    assert not keeper.capacity_dropped
+    assert not any(level >= logging.WARNING for level, _ in _lines(caplog))
+    assert "DRAConsumableCapacity" not in caplog.text

@@ -283,15 +283,17 @@ class Cluster:
             raise procs.StartError(str(exc)) from exc
         return fakenvml.environment(library, gpus, self.nvml_events)
 
-    def start_plugin(self) -> None:
-        log = self.log("device-plugin")
+    def start_plugin(self, name: str = "device-plugin") -> None:
+        """The device plugin as a host process; `name` another than the default starts a second instance beside a
+        running one, as a DaemonSet rollout with overlap does."""
+        log = self.log(name)
         offset = log.stat().st_size if log.exists() else 0
-        self.procs.start("device-plugin", [sys.executable, "-m", "deviceplugin.main"], env=self.plugin_env(), cwd=REPO)
+        self.procs.start(name, [sys.executable, "-m", "deviceplugin.main"], env=self.plugin_env(), cwd=REPO)
         kubectl = self.kubectl()
         # Registered with this kubelet (the plugin logs it once Register returned), and the node shows it.
-        self.procs.wait_ready("device-plugin", lambda: b"device plugin serving" in log.read_bytes()[offset:], 60,
+        self.procs.wait_ready(name, lambda: b"device plugin serving" in log.read_bytes()[offset:], 60,
                               "registered with the kubelet")
-        self.procs.wait_ready("device-plugin", lambda: _has_capacity(kubectl, self.settings.node_name), 60,
+        self.procs.wait_ready(name, lambda: _has_capacity(kubectl, self.settings.node_name), 60,
                               "the node advertising aliyun.com/gpu-mem")
 
     def start_dra(self) -> None:

@@ -16,10 +16,10 @@ SERVICE_RANGE = "198.51.100.0/24"  # TEST-NET-2: never routed, and nothing here 
 RESOURCE = DEFAULT_RESOURCE
 EXTENDER_CONFIG = Path(__file__).resolve().parents[1] / "manifests" / "extender" / "scheduler-config.yaml"
 EXTENDER_USER = "system:serviceaccount:kube-system:gpushare-schd-extender"
-# Consumable capacity for the DRA driver (docs/dra.md): alpha in 1.34, so off unless the API server (which else drops
-# the devices' capacity and allowMultipleAllocations), the scheduler (which allocates shares) and the controller
-# manager turn it on; the 1.34 kubelet does not read it. DRA itself is on by default from 1.34.
-FEATURE_GATES = "DRAConsumableCapacity=true"
+# Feature gates come from the release's row (e2e/versions.py): consumable capacity for the DRA driver (docs/dra.md) is
+# alpha in 1.35, so off unless the API server (which else drops the devices' capacity and allowMultipleAllocations),
+# the scheduler (which allocates shares) and the controller manager turn it on; beta and on by default from 1.36,
+# where the tier passes no gate at all.
 
 
 def etcd(settings: E2eSettings, binary: Path, data: Path) -> list[str]:
@@ -53,7 +53,7 @@ def apiserver(settings: E2eSettings, binary: Path, pki: Path, audit: tuple[Path,
         "--allow-privileged=true",
         "--endpoint-reconciler-type=none",
         f"--audit-policy-file={audit[0]}", f"--audit-log-path={audit[1]}", "--audit-log-format=json",
-        f"--feature-gates={FEATURE_GATES}",
+        *settings.release.feature_gates_flag(),
         "--v=1",
     ]
 
@@ -67,7 +67,7 @@ def controller_manager(settings: E2eSettings, binary: Path, pki: Path, kubeconfi
         "--bind-address=127.0.0.1", f"--secure-port={settings.port(ports.CONTROLLERS)}",
         # Nothing cloud-like here: no node IPAM, no service load balancers, no persistent volumes.
         "--controllers=*,-nodeipam,-service-lb-controller,-cloud-node-lifecycle,-persistentvolume-binder",
-        "--node-monitor-grace-period=40s", f"--feature-gates={FEATURE_GATES}", "--v=1",
+        "--node-monitor-grace-period=40s", *settings.release.feature_gates_flag(), "--v=1",
     ]
 
 
@@ -106,7 +106,7 @@ rules:
 def scheduler(settings: E2eSettings, binary: Path, config: Path, kubeconfig: Path) -> list[str]:
     return [str(binary), f"--config={config}", f"--authentication-kubeconfig={kubeconfig}",
             f"--authorization-kubeconfig={kubeconfig}", "--bind-address=127.0.0.1",
-            f"--secure-port={settings.port(ports.SCHEDULER)}", f"--feature-gates={FEATURE_GATES}", "--v=1"]
+            f"--secure-port={settings.port(ports.SCHEDULER)}", *settings.release.feature_gates_flag(), "--v=1"]
 
 
 def kubelet(binary: Path, settings: E2eSettings, config: Path, kubeconfig: Path) -> list[str]:

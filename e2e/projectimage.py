@@ -160,7 +160,9 @@ def build(settings: E2eSettings) -> ProjectImage:
     mounts = [arg for path in PIP_CONFIG if path.exists() for arg in ("--volume", f"{path}:{path}:ro")]
     name = f"localhost/gpushare:{tag}"
     _say(f"Building the project's image from its Dockerfile (buildah, base {base}) ...")
-    _run([*buildah, "bud", "--quiet", "--layers=false", "--network=host", *mounts,
+    # RUN steps in a chroot: no OCI runtime (Debian's buildah pulls in crun, which refuses this host's hybrid cgroups:
+    # "cgroups in hybrid mode not supported"), and nothing of the build needs a container's isolation.
+    _run([*buildah, "bud", "--quiet", "--layers=false", "--isolation=chroot", "--network=host", *mounts,
           "--build-arg", f"PYTHON_IMAGE={base}", "--file", str(REPO / "Dockerfile"), "--tag", name, str(REPO)],
          "buildah bud of Dockerfile")
     partial = layout.with_name(layout.name + ".partial")

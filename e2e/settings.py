@@ -8,9 +8,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common.settings import SettingsError
+from e2e import versions
+from e2e.versions import Release
 
-KUBERNETES_VERSION = "v1.34.4"  # the last minor that still runs on cgroup v1 without a flag
-CONTAINERD_VERSION = "v2.1.9"  # CDI (cdi_devices) needs containerd >= 1.7
 CERT_MANAGER_VERSION = "v1.21.2"  # the newest cert-manager release the Go module proxy serves
 
 
@@ -20,13 +20,17 @@ class E2eSettings:
     run_dir: Path  # certificates, configurations and logs of the running cluster
     port_base: int  # every server listens on 127.0.0.1 at port_base + a fixed offset
     node_name: str = "localhost"  # see control.apiserver: the API server dials the kubelet by this name
-    kubernetes_version: str = KUBERNETES_VERSION
-    containerd_version: str = CONTAINERD_VERSION
+    kubernetes_version: str = versions.DEFAULT  # a row of e2e/versions.py (GPUSHARE_E2E_KUBERNETES)
     cert_manager_version: str = CERT_MANAGER_VERSION
     fake_gpus: str = "4x64GiB"
     # Holds gpushare-scheduler-extender/ and gpushare-device-plugin/ (the reference programs' sources); None: the
     # tier has no reference programs.
     reference_src: Path | None = None
+
+    @property
+    def release(self) -> Release:
+        """What the tier runs with this Kubernetes version: etcd, containerd, runc, gates (e2e/versions.py)."""
+        return versions.release(self.kubernetes_version)
 
     def port(self, offset: int) -> int:
         return self.port_base + offset
@@ -50,7 +54,12 @@ def from_environ(environ: Mapping[str, str] | None = None) -> E2eSettings:
     if not 1024 <= base <= 65000:
         raise SettingsError(f"GPUSHARE_E2E_PORT_BASE={base} must be between 1024 and 65000")
     reference = env.get("GPUSHARE_E2E_REFERENCE_SRC")
-    return E2eSettings(cache_dir=Path(cache), run_dir=Path(run), port_base=base,
+    kubernetes = env.get("GPUSHARE_E2E_KUBERNETES") or versions.DEFAULT
+    try:
+        kubernetes = versions.release(kubernetes).kubernetes
+    except versions.UnknownRelease as exc:
+        raise SettingsError(f"GPUSHARE_E2E_KUBERNETES: {exc}") from None
+    return E2eSettings(kubernetes_version=kubernetes, cache_dir=Path(cache), run_dir=Path(run), port_base=base,
                        fake_gpus=env.get("GPUSHARE_E2E_FAKE_GPUS", "4x64GiB"),
                        reference_src=Path(reference).absolute() if reference else None)
 

@@ -16,22 +16,30 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from e2e import projectimage
+from common.settings import SettingsError
+from e2e import projectimage, versions
 from e2e.projectimage import ProjectImage
 from e2e.settings import E2eSettings, from_environ
+from e2e.versions import Release
 
 REPO = Path(__file__).resolve().parents[1]
-K8S_MODULE_DIR = REPO / "e2e" / "build" / "k8s"
-CONTAINERD_MODULE_DIR = REPO / "e2e" / "build" / "containerd"
+K8S_SOURCES = REPO / "e2e" / "build" / "k8s"  # tools.go and etcd/; each release's go.mod and go.sum in <version>/
+CONTAINERD_SOURCES = REPO / "e2e" / "build" / "containerd"  # tools.go; go.mod and go.sum in <version>/
 CERT_MANAGER_MODULE_DIR = REPO / "e2e" / "build" / "cert-manager"
 CERT_MANAGER_MODULE = "github.com/cert-manager/cert-manager"
 PAUSE_SOURCE = REPO / "e2e" / "images" / "pause.c"
 
+RUNC_MODULE = "github.com/opencontainers/runc"
+# runc's Makefile (v1.5.2) builds with "seccomp urfave_cli_no_docs libpathrs"; libpathrs is a Rust library Debian 12
+# does not ship, and without the tag runc resolves paths with its own Go code (libcontainer/pathrs).
+RUNC_BUILD_TAGS = "seccomp urfave_cli_no_docs"
 KUBERNETES_COMMANDS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kube-proxy")
 CONTAINERD_COMMANDS = ("containerd", "containerd-shim-runc-v2")
-# Debian packages the node needs, and a file each one installs.
+# Debian packages the node needs, and a file each one installs. runc is built from its module at the version the
+# release's containerd expects (e2e/versions.py); its seccomp support links libseccomp through cgo.
 DEBIAN_PACKAGES = {
-    "runc": "/usr/sbin/runc",
+    "libseccomp-dev": "/usr/include/seccomp.h",
+    "pkg-config": "/usr/bin/pkg-config",
     "containernetworking-plugins": "/usr/lib/cni/loopback",
     "busybox-static": "/bin/busybox",
     "buildah": "/usr/bin/buildah",  # the project's image, from its Dockerfile (e2e.projectimage)
@@ -56,6 +64,7 @@ class ToolchainError(Exception):
 
 @dataclass(frozen=True)
 class Toolchain:
+    release: Release  # the row of e2e/versions.py these binaries were built for
     kubernetes: Path  # directory with etcd and the five Kubernetes commands
     containerd: Path  # directory with containerd and its runc shim
     pause: Path  # the static pause binary of the sandbox image
@@ -110,11 +119,37 @@ def _install_debian_packages() -> None:
     _run(["apt-get", "install", "-y", "-qq", *wanted], f"apt-get install {' '.join(wanted)}", env=env)
 
 
-def _go_env(settings: E2eSettings) -> dict[str, str]:
+NEWER_GO = "go1.27.3"  # the toolchain a module gets when it needs a newer Go than the machine's
+
+
+def _go_version_tuple(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.removeprefix("go").split(".") if part.isdigit())
+
+
+def _go_env(settings: E2eSettings, module_dir: Path | None = None) -> dict[str, str]:
+    """The build's environment; GOTOOLCHAIN names a newer Go where the module's go directive needs one."""
     env = dict(os.environ)
     env["GOFLAGS"] = "-buildvcs=false"
     env["CGO_ENABLED"] = "1"
+    if module_dir is not None and (module_dir / "go.mod").exists():
+        wanted = next((line.split()[1] for line in (module_dir / "go.mod").read_text().splitlines()
+                       if line.startswith("go ")), "")
+        local = subprocess.run(["go", "env", "GOVERSION"], env={**env, "GOTOOLCHAIN": "local"},
+                               capture_output=True, text=True, check=False).stdout.strip()
+        if wanted and _go_version_tuple(local) < _go_version_tuple(wanted):
+            env["GOTOOLCHAIN"] = NEWER_GO
     return env
+
+
+def _module_work_dir(sources: Path, pinned: Path, work: Path) -> Path:
+    """A build module in `work`: the shared sources (tools.go, etcd/) with a release's pinned go.mod and go.sum."""
+    if not (pinned / "go.mod").exists():
+        raise ToolchainError(f"{pinned.relative_to(REPO)}/go.mod is missing: run `python -m e2e.versions pin "
+                             f"{pinned.name}` for a release of e2e/versions.py")
+    shutil.copytree(sources, work, ignore=shutil.ignore_patterns("v[0-9]*"))
+    for name in ("go.mod", "go.sum"):
+        shutil.copyfile(pinned / name, work / name)
+    return work
 
 
 def _version_ldflags(version: str) -> str:
@@ -135,16 +170,19 @@ def _build_kubernetes(settings: E2eSettings, target: Path) -> None:
     commands = ["etcd", *KUBERNETES_COMMANDS]
     if all((target / c).exists() for c in commands):
         return
-    _say(f"Building Kubernetes {settings.kubernetes_version} and etcd from their Go modules into {target} "
+    row = settings.release
+    _say(f"Building Kubernetes {row.kubernetes} and etcd {row.etcd} from their Go modules into {target} "
          "(once; about 20 minutes on 2 cores) ...")
     staging = target.with_name(target.name + ".partial")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
+    module = _module_work_dir(K8S_SOURCES, versions.k8s_module_dir(row), staging / "module")
     packages = ["./etcd", *[f"k8s.io/kubernetes/cmd/{c}" for c in KUBERNETES_COMMANDS]]
     _run(
-        ["go", "build", "-ldflags", _version_ldflags(settings.kubernetes_version), "-o", str(staging), *packages],
-        f"go build of etcd and {', '.join(KUBERNETES_COMMANDS)}", cwd=K8S_MODULE_DIR, env=_go_env(settings),
+        ["go", "build", "-ldflags", _version_ldflags(row.kubernetes), "-o", str(staging), *packages],
+        f"go build of etcd and {', '.join(KUBERNETES_COMMANDS)}", cwd=module, env=_go_env(settings, module),
     )
+    shutil.rmtree(module)
     shutil.rmtree(target, ignore_errors=True)
     staging.rename(target)
 
@@ -152,14 +190,34 @@ def _build_kubernetes(settings: E2eSettings, target: Path) -> None:
 def _build_containerd(settings: E2eSettings, target: Path) -> None:
     if all((target / c).exists() for c in CONTAINERD_COMMANDS):
         return
-    _say(f"Building containerd {settings.containerd_version} from its Go module into {target} ...")
+    row = settings.release
+    _say(f"Building containerd {row.containerd} from its Go module into {target} ...")
     staging = target.with_name(target.name + ".partial")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
+    work = _module_work_dir(CONTAINERD_SOURCES, versions.containerd_module_dir(row), staging / "module")
     module = "github.com/containerd/containerd/v2"
-    ldflags = f"-s -w -X {module}/version.Version={settings.containerd_version}"
+    ldflags = f"-s -w -X {module}/version.Version={row.containerd}"
     _run(["go", "build", "-ldflags", ldflags, "-o", str(staging), *[f"{module}/cmd/{c}" for c in CONTAINERD_COMMANDS]],
-         f"go build of {', '.join(CONTAINERD_COMMANDS)}", cwd=CONTAINERD_MODULE_DIR, env=_go_env(settings))
+         f"go build of {', '.join(CONTAINERD_COMMANDS)}", cwd=work, env=_go_env(settings, work))
+    shutil.rmtree(work)
+    shutil.rmtree(target, ignore_errors=True)
+    staging.rename(target)
+
+
+def _build_runc(settings: E2eSettings, target: Path) -> None:
+    """runc at the version the release's containerd expects, with seccomp (cert-manager's pods ask for
+    RuntimeDefault), built with `go install module@version` as its go.mod has no replace or exclude directive."""
+    if (target / "runc").exists():
+        return
+    row = settings.release
+    _say(f"Building runc {row.runc} from its Go module into {target} ...")
+    staging = target.with_name(target.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    env = {**_go_env(settings), "GOBIN": str(staging), "GOFLAGS": "-buildvcs=false -trimpath"}
+    _run(["go", "install", "-tags", RUNC_BUILD_TAGS, "-ldflags", "-s -w", f"{RUNC_MODULE}@{row.runc}"],
+         f"go install of runc {row.runc}", env=env)
     shutil.rmtree(target, ignore_errors=True)
     staging.rename(target)
 
@@ -277,12 +335,15 @@ def ensure(settings: E2eSettings) -> Toolchain:
         raise ToolchainError("the real-cluster tier cannot run here: " + "; ".join(missing))
     _install_debian_packages()
     cache = settings.cache_dir
-    kubernetes = cache / f"kubernetes-{settings.kubernetes_version}"
-    containerd = cache / f"containerd-{settings.containerd_version}"
+    row = settings.release
+    kubernetes = cache / f"kubernetes-{row.kubernetes}-etcd-{row.etcd}"
+    containerd = cache / f"containerd-{row.containerd}"
+    runc = cache / f"runc-{row.runc}"
     pause = cache / "pause" / "pause"
     cert_manager = cache / f"cert-manager-{settings.cert_manager_version}"
     _build_kubernetes(settings, kubernetes)
     _build_containerd(settings, containerd)
+    _build_runc(settings, runc)
     _build_cert_manager(settings, cert_manager)
     _build_pause(pause)
     reference = build_reference(settings)
@@ -291,7 +352,7 @@ def ensure(settings: E2eSettings) -> Toolchain:
     except projectimage.ImageError as exc:
         raise ToolchainError(str(exc)) from None
     return Toolchain(
-        kubernetes=kubernetes, containerd=containerd, pause=pause, runc=Path(DEBIAN_PACKAGES["runc"]),
+        release=row, kubernetes=kubernetes, containerd=containerd, pause=pause, runc=runc / "runc",
         cni_bin=Path(DEBIAN_PACKAGES["containernetworking-plugins"]).parent,
         busybox=Path(DEBIAN_PACKAGES["busybox-static"]), cert_manager=cert_manager, reference=reference,
         image=image,
@@ -308,11 +369,11 @@ def main() -> int:
         return SKIPPED
     try:
         toolchain = ensure(from_environ())
-    except ToolchainError as exc:
+    except (ToolchainError, SettingsError) as exc:
         _say(str(exc))
         return 1
     for name, path in vars(toolchain).items():
-        print(f"{name}: {path}")
+        print(f"{name}: {path.kubernetes if isinstance(path, Release) else path}")
     return 0
 
 

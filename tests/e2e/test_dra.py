@@ -15,7 +15,7 @@ import pytest
 
 from contract.keys import DRA_DRIVER
 from deviceplugin.inventory import fake_gpus
-from e2e import fakenvml
+from e2e import fakenvml, matrix
 from e2e.cluster import Cluster
 from e2e.kube import Kubectl
 from tests.harness.cluster import dra
@@ -45,6 +45,7 @@ def test_the_driver_publishes_one_slice_per_gpu_with_its_memory(driver: Cluster,
 def test_the_bug_report_with_claims(driver: Cluster, kubectl: Kubectl, namespace: str) -> None:
     """30 pods of 8 GiB on 4 x 64 GiB, a 10-second pull, 10 deleted while pulling and replaced."""
     out = dra.run_replicaset(driver, kubectl, namespace, replicas=30, gib=8, pull_ms=10000, delete=10)
+    matrix.record("the bug report", "dra", out.seconds)
     print(f"\nthe bug report with DRA claims: {json.dumps(out.__dict__)}", file=sys.stderr)
     assert out.wrong_gpu == [] and out.made_up == [] and out.stuck == [] and out.failed == [], out
     assert out.over_committed == {}, out

@@ -90,6 +90,47 @@ def test_plugin_restart_keeps_pods_and_serves_new_ones(cluster: Cluster, deliver
     assert first["status"]["containerStatuses"][0]["restartCount"] == 0
 
 
+def test_a_new_plugin_beside_the_connected_one_while_pods_are_admitted(cluster: Cluster, delivery: str,
+                                                                      kubectl: Kubectl, namespace: str) -> None:
+    """A second plugin instance starts while the kubelet still holds the first one's connection, and the first
+    stops, while a ReplicaSet's pods are admitted (a DaemonSet rollout with overlap, or a slow stop). Kubelet 1.37
+    keeps one endpoint per (resource, socket) and refuses a registration of a socket that is still connected ("device
+    plugin already connected", pkg/kubelet/cm/devicemanager/manager.go PluginConnected, v1.37.2); each serve of our
+    plugin has a socket of its own, so the new instance is taken beside the old one, and the old one's disconnect is
+    not the resource's last. Kubelets before 1.37 mark the whole resource unhealthy at any disconnect
+    (PluginDisconnected, v1.36.3): there a pod admitted in that moment may be rejected by the kubelet itself."""
+    img = w.image(cluster, 3000)
+    kubelet_log = cluster.log("kubelet")
+    offset = kubelet_log.stat().st_size
+    spec = w.replicaset("rollout", 24, w.pod("x", [w.container("main", img, 2)]))
+    assert w.create(kubectl, namespace, spec)[0] == 0, spec
+
+    def bound() -> int:
+        return sum(1 for p in w.pods(kubectl, namespace) if p["spec"].get("nodeName"))
+
+    w.wait("the first pods bound", lambda: bound() >= 3, 60, 0.1)
+    try:
+        cluster.start_plugin("device-plugin-next")  # the old instance still serves, connected
+        admitted_during = bound()
+        cluster.procs.stop("device-plugin")
+        w.wait("every pod running or failed", lambda: len(w.pods(kubectl, namespace)) >= 24
+               and all(map(w.settled, w.pods(kubectl, namespace))), 240, 2)
+        others = check_on_recorded_gpu(cluster, kubectl, namespace, delivery)
+        refused = [line for line in kubelet_log.read_text(errors="replace")[offset:].splitlines()
+                   if "device plugin already connected" in line]
+        print(f"\nnew plugin beside the connected one ({delivery}, Kubernetes {cluster.settings.kubernetes_version}):"
+              f" {24 - len(others)} of 24 running, {admitted_during} bound when the new one registered; others: "
+              f"{others}", file=sys.stderr)
+        assert refused == [], refused
+        if cluster.settings.release.minor >= 37:
+            assert others == [], others
+        else:
+            assert all("UnexpectedAdmissionError" in r and "rpc error" not in r for r in others), others
+    finally:
+        cluster.procs.stop("device-plugin-next")
+        cluster.start_plugin()
+
+
 def test_webhook_outage_refuses_gpu_pods_only(cluster: Cluster, kubectl: Kubectl, namespace: str) -> None:
     img = w.image(cluster)
     cluster.stop_webhook()

@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from e2e import matrix
 from e2e.cluster import Cluster
 from e2e.kube import Kubectl
 from tests.harness.cluster import scenarios
@@ -27,6 +28,8 @@ KUBELET_OWN = ("requested number of devices unavailable for aliyun.com/gpu-mem",
 def test_every_container_on_its_pods_gpu(cluster: Cluster, needs_extender: None, delivery: str, kubectl: Kubectl,
                                          namespace: str, scenario: Scenario) -> None:
     out = scenarios.run(cluster, kubectl, namespace, delivery, scenario)
+    if scenario is scenarios.BUG_REPORT:
+        matrix.record(scenario.name, delivery, out.seconds)
     print(f"\n{scenario.name} on the real node, delivery {delivery}: {out.as_json()}", file=sys.stderr)
     assert out.wrong_gpu == [] and out.made_up == [], out.as_json()
     assert out.over_committed == {}, out.over_committed

@@ -52,8 +52,8 @@ def test_workload_env_is_the_configmap_then_plain_values_then_overrides() -> Non
 
 def test_node_configurations(tmp_path: Path) -> None:
     settings = E2eSettings(cache_dir=tmp_path, run_dir=tmp_path, port_base=30000)
-    tools = toolchain.Toolchain(kubernetes=tmp_path, containerd=tmp_path, pause=tmp_path / "pause",
-                                cert_manager=tmp_path,
+    tools = toolchain.Toolchain(release=settings.release, kubernetes=tmp_path, containerd=tmp_path,
+                                pause=tmp_path / "pause", cert_manager=tmp_path,
                                 runc=Path("/usr/sbin/runc"), cni_bin=Path("/usr/lib/cni"), busybox=Path("/bin/busybox"))
     text = node.containerd_config(settings, tools, tmp_path).read_text()
     sandbox = 'sandbox = "127.0.0.1:30004/gpushare-e2e/pause:1"'

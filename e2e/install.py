@@ -10,6 +10,7 @@ but the image and the delivery mode.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -53,6 +54,19 @@ def helm(cluster: Cluster, *args: str, timeout: float = 300) -> str:
         raise InstallError(f"helm {' '.join(args)} failed (exit {done.returncode}): "
                            f"{done.stderr.strip() or done.stdout.strip()}")
     return done.stdout
+
+
+@functools.cache
+def wait() -> str:
+    """helm's flag to wait as Helm 3's --wait does: until the workloads' pods are ready (on uninstall, until the
+    objects are gone). Helm 4's bare --wait is its watcher strategy, which waits for every object to be Current
+    (helm v4 pkg/cmd/flags.go AddWaitFlag, pkg/kube/statuswait.go): a deleted one never is, and the signing-key Job
+    of cert-manager mode deletes itself once done (ttlSecondsAfterFinished: 0), before the webhook's pods that
+    mount its key are ready, so the watcher would wait out --timeout (helm/helm#31786; v4.3.2 makes no exception
+    for it). Its 'legacy' strategy is Helm 3's waiter (pkg/kube/wait.go); Helm 3 takes no value after --wait."""
+    short = subprocess.run([helm_binary(), "version", "--short"], capture_output=True, text=True, timeout=60,
+                           check=True).stdout.strip()
+    return "--wait" if short.startswith("v3.") else "--wait=legacy"
 
 
 def image_values(cluster: Cluster, tag: str | None = None) -> dict[str, Any]:

@@ -181,7 +181,7 @@ def test_scenarios_through_the_installed_pods(installed: Cluster, kubectl: Kubec
 
 def test_uninstall_leaves_nothing_that_refuses_or_delays_a_pod(installed: Cluster, kubectl: Kubectl,
                                                                 namespace: str) -> None:
-    install.helm(installed, "uninstall", install.RELEASE, "--namespace", install.RELEASE_NAMESPACE, "--wait")
+    install.helm(installed, "uninstall", install.RELEASE, "--namespace", install.RELEASE_NAMESPACE, install.wait())
     assert_nothing_of_ours_left(kubectl)
     started = time.monotonic()
     code, out = w.create(kubectl, namespace, w.pod("plain", [w.container("main", w.image(installed))]))

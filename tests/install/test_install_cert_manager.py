@@ -45,11 +45,11 @@ def installed(cluster: Cluster) -> Iterator[Cluster]:
     values = install.write_values(cluster, cluster.run / "install" / "cert-manager.yaml",
                                   certificates="cert-manager", delivery=DELIVERY)
     install.helm(cluster, "install", install.RELEASE, "charts/gpushare", "--namespace", install.RELEASE_NAMESPACE,
-                 "-f", str(values), "--wait", "--timeout", "5m", timeout=360)
+                 "-f", str(values), install.wait(), "--timeout", "5m", timeout=360)
     install.wait_serving(cluster)
     yield cluster
     install.helm(cluster, "uninstall", install.RELEASE, "--namespace", install.RELEASE_NAMESPACE, "--ignore-not-found",
-                 "--wait")
+                 install.wait())
 
 
 def test_cert_manager_issues_and_injects_and_the_pods_are_ready(installed: Cluster, kubectl: Kubectl) -> None:
@@ -171,10 +171,10 @@ def _upgrade_or_rollback(installed: Cluster, kubectl: Kubectl, namespace: str, s
             install.helm(installed, "upgrade", install.RELEASE, "charts/gpushare", "--namespace",
                          install.RELEASE_NAMESPACE, "--reuse-values", "--set-string",
                          f"image.tag={image['tag']}{UPGRADE_SUFFIX}", "--set",
-                         "webhook.resources.limits.memory=400Mi", "--wait", "--timeout", "5m", timeout=360)
+                         "webhook.resources.limits.memory=400Mi", install.wait(), "--timeout", "5m", timeout=360)
         else:
             install.helm(installed, "rollback", install.RELEASE, "1", "--namespace", install.RELEASE_NAMESPACE,
-                         "--wait", "--timeout", "5m", timeout=360)
+                         install.wait(), "--timeout", "5m", timeout=360)
         rolled = time.monotonic() - started
         loop.until(300, 600)
     tag = image["tag"] + (UPGRADE_SUFFIX if step == "upgrade" else "")
@@ -203,7 +203,7 @@ def _node_lines(cluster: Cluster, names: list[str]) -> str:
 
 
 def test_uninstall_leaves_nothing_of_ours(installed: Cluster, kubectl: Kubectl, namespace: str) -> None:
-    install.helm(installed, "uninstall", install.RELEASE, "--namespace", install.RELEASE_NAMESPACE, "--wait")
+    install.helm(installed, "uninstall", install.RELEASE, "--namespace", install.RELEASE_NAMESPACE, install.wait())
     assert_nothing_of_ours_left(kubectl)
     code, out = w.create(kubectl, namespace, w.pod("plain", [w.container("main", w.image(installed))]))
     assert code == 0, out

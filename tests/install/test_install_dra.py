@@ -41,7 +41,7 @@ def installed(cluster: Cluster) -> Iterator[Cluster]:
     install.wait_serving(cluster)
     yield cluster
     install.helm(cluster, "uninstall", install.RELEASE, "--namespace", install.RELEASE_NAMESPACE, "--ignore-not-found",
-                 "--wait")
+                 install.wait())
     kubectl.ok(["label", "node", cluster.settings.node_name, install.GPU_NODE_LABEL, "--overwrite"])
 
 
@@ -104,7 +104,7 @@ def test_uninstall_leaves_no_class_slice_or_object_of_ours(installed: Cluster, k
                                                             namespace: str) -> None:
     # The claims' pods go first: the kubelet unprepares their claims through the driver while it still runs.
     kubectl.ok(["delete", "replicasets,pods", "--all", "-n", namespace, "--wait=true"], timeout=180)
-    install.helm(installed, "uninstall", install.RELEASE, "--namespace", install.RELEASE_NAMESPACE, "--wait")
+    install.helm(installed, "uninstall", install.RELEASE, "--namespace", install.RELEASE_NAMESPACE, install.wait())
     assert_nothing_of_ours_left(kubectl)
     assert kubectl.run(["get", "deviceclass", DRA_DRIVER])[0] != 0
     # The kubelet removes a driver's slices 30 s after the driver left

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import difflib
+import re
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -173,7 +176,7 @@ def test_the_network_policies_are_on_by_default_and_a_switch_turns_them_off() ->
     ["config.delivery=cdi,config.placement=node"],
 ])
 def test_helm_lint_is_clean(sets: list[str]) -> None:
-    args = ["lint", "--strict", str(CHART)] + [a for s in sets for a in ("--set", s)]
+    args = ["lint", "--strict", str(CHART), *helm.kube_version_args()] + [a for s in sets for a in ("--set", s)]
     done = helm.run(args)
     output = done.stdout + done.stderr
     assert done.returncode == 0, output
@@ -190,7 +193,7 @@ def test_helm_lint_is_clean(sets: list[str]) -> None:
     ("image.pullPolicy=Sometimes", "pullPolicy"),
 ])
 def test_a_bad_value_is_refused_naming_it(setting: str, named: str) -> None:
-    done = helm.run(["template", helm.RELEASE, str(CHART), "--set", setting])
+    done = helm.run(["template", helm.RELEASE, str(CHART), *helm.kube_version_args(), "--set", setting])
     assert done.returncode != 0
     assert named in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
@@ -200,8 +203,41 @@ def test_chart_metadata_agrees_with_the_manifests() -> None:
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     assert chart["appVersion"] == values["image"]["tag"]
-    assert chart["kubeVersion"] == ">=1.30.0-0"  # matchConditions and v1 ValidatingAdmissionPolicy
+    assert chart["kubeVersion"] == ">=1.35.0-0"  # the project supports Kubernetes 1.35 to 1.37
     assert values["certificates"] == generate.DEFAULT_MODE
+
+
+def test_the_chart_renders_under_the_helm_the_tests_run_with() -> None:
+    assert re.fullmatch(r"v[34]\.\d+\.\d+", helm.version()), f"`helm version --short` printed {helm.version()!r}"
+    kinds = {o["kind"] for o in helm.template()}
+    assert {"Namespace", "Deployment", "DaemonSet", "MutatingWebhookConfiguration"} <= kinds, (
+        f"helm {helm.version()} rendered only {sorted(kinds)}")
+
+
+def test_helm_assumes_the_kubernetes_of_its_client_go() -> None:
+    """Unstamped, helm v3 assumes Kubernetes 1.20: charts/build-helm.sh stamps v3's release from its client-go
+    (v0.N.x is Kubernetes 1.N); v4 reads it from its own build information."""
+    if shutil.which("go") is None:
+        pytest.skip("reading which client-go the helm binary holds needs Go (`go version -m`)")
+    modules = subprocess.run(["go", "version", "-m", helm.helm()], capture_output=True, text=True, timeout=60,
+                             check=True).stdout
+    client_go = re.search(r"^\s+dep\s+k8s\.io/client-go\s+v0\.(\d+)\.", modules, flags=re.MULTILINE)
+    assert client_go is not None, f"helm {helm.version()} holds no k8s.io/client-go:\n{modules}"
+    assert helm.default_kube_version() == f"v1.{client_go.group(1)}.0", f"helm {helm.version()}"
+
+
+@pytest.mark.parametrize(("kubernetes", "refused"), [
+    ("1.34.0", True), ("v1.34.9-gke.100", True), ("1.35.0", False), ("1.37.2", False),
+])
+def test_a_cluster_older_than_1_35_is_refused_before_anything_renders(kubernetes: str, refused: bool) -> None:
+    done = helm.run(["template", helm.RELEASE, str(CHART), "--kube-version", kubernetes])
+    if not refused:
+        assert done.returncode == 0, done.stderr
+        return
+    assert done.returncode != 0
+    assert done.stdout == ""
+    assert "Error: chart requires kubeVersion: >=1.35.0-0 which is incompatible with Kubernetes v1.34." in (
+        done.stderr), done.stderr
 
 
 def test_every_value_is_in_the_docs_table() -> None:

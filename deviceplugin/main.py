@@ -4,9 +4,9 @@ Run it as a program (`gpushare-device-plugin` or `python -m deviceplugin.main`, 
 and a few flags), or in-process:
 
     plugin = Plugin(settings)          # optional: api=..., inventory=..., public_key=..., holdings=...
-    plugin.start()                     # serve on settings.socket_path, then register with the kubelet
+    plugin.start()                     # serve on a socket of its own (plugin.socket_path), then register
     ...
-    plugin.stop()                      # stop loops and server, remove the socket
+    plugin.stop()                      # stop loops and server, remove that socket
 
 or `run(settings, stop_event)`, which starts, waits for the event and stops (returns an exit status).
 `main` runs the plugin in a thread and keeps the main thread for signals: after SIGTERM the process stops
@@ -40,6 +40,7 @@ from deviceplugin.owners import Holdings
 from deviceplugin.server import OPTIONS, DevicePluginServicer, serve
 from deviceplugin.service import Service
 from deviceplugin.settings import PLUGIN_VARIABLES, PluginSettings
+from deviceplugin.sockets import clear_stale, fresh_socket_path
 
 log = logging.getLogger(__name__)
 
@@ -66,8 +67,10 @@ class Plugin:
         self._serve_lock = threading.Lock()
         self._watch: RestartWatch | None = None
         self._xid: XidWatcher | None = None
-        # The socket file this plugin created (device, inode): stop() removes only that one, never a socket of
-        # another plugin process, nor one it never made (a start that failed before serving).
+        # The socket of the current serve, a new name each time (sockets.py), and its file's identity: stop()
+        # removes only that file, never a socket of another plugin process, nor one it never made (a start that
+        # failed before serving).
+        self.socket_path: str | None = None
         self._socket: lifecycle.SocketId | None = None
         self._gc = threading.Thread(target=self._gc_loop, name="gc", daemon=True)
         self.metrics = PluginMetrics()
@@ -110,6 +113,7 @@ class Plugin:
             self.metrics_server = MetricsServer(s.metrics_bind, self.metrics.registry)
             log.info("serving Prometheus metrics on http://%s:%s/metrics", *self.metrics_server.address)
         self.service.remember_pins()  # before serving: a container restarted now keeps the GPU it had
+        older = clear_stale(s)  # sockets of earlier instances: dead ones removed, live ones watched (RestartWatch)
         registered = True
         try:
             self.serve_and_register()
@@ -117,7 +121,8 @@ class Plugin:
             registered = False
             log.warning("Registering with the kubelet failed: %s; registering as soon as %s appears (checked every "
                         "%g s).", exc, s.kubelet_socket, s.watch_interval_seconds)
-        self._watch = RestartWatch(s.kubelet_socket, s.socket_path, self.serve_and_register, s.watch_interval_seconds)
+        self._watch = RestartWatch(s.kubelet_socket, lambda: self.socket_path, self.serve_and_register,
+                                   s.watch_interval_seconds, older=older, older_wait=s.older_instance_wait_seconds)
         self._watch.start(registered)
         self._gc.start()
         if self.inventory.real:
@@ -129,25 +134,32 @@ class Plugin:
             log.warning("could not publish %s on node %s: %s", GPU_COUNT, s.node_name, exc)
         log.info("gpushare device plugin serving %s (%d GPUs, %d devices, delivery %s, placement %s) on %s",
                  s.contract.resource, len(self.inventory.gpus), len(self.inventory.devices()), s.contract.delivery,
-                 s.placement, s.socket_path)
+                 s.placement, self.socket_path)
 
     def serve_and_register(self) -> None:
-        """(Re)serve on our socket, then register: the kubelet dials the endpoint as soon as it registers it."""
+        """(Re)serve on a socket of a new name, then register: the kubelet dials the endpoint as soon as it registers
+        it. Never the previous name: kubelet v1.37 refuses a path it still holds a connection to, for good
+        (settings.socket_name)."""
         s = self.settings
         assert self.inventory is not None
         with self._serve_lock:
+            # The previous server first: a kubelet before v1.37 that saw its stream end after our registration would
+            # stop the new endpoint (kubelet.RestartWatch).
             self._stop_server()
+            self._remove_socket()
+            path = fresh_socket_path(s)
             self._servicer = DevicePluginServicer(self.service, self.inventory, self._stop, s.rpc_timeout_seconds,
                                                   self.metrics)
-            self._server = serve(self._servicer, s.socket_path)
-            self._socket = lifecycle.socket_id(s.socket_path)
+            self._server = serve(self._servicer, path)
+            self.socket_path, self._socket = path, lifecycle.socket_id(path)
+            endpoint = os.path.basename(path)
             try:
-                register(s.kubelet_socket, s.socket_name, s.contract.resource, OPTIONS, s.rpc_timeout_seconds)
+                register(s.kubelet_socket, endpoint, s.contract.resource, OPTIONS, s.rpc_timeout_seconds)
             except RegistrationError:
                 self.metrics.registrations.labels("failed").inc()
                 raise
             self.metrics.registrations.labels("ok").inc()
-        log.info("registered %s with the kubelet (endpoint %s)", s.contract.resource, s.socket_name)
+        log.info("registered %s with the kubelet (endpoint %s)", s.contract.resource, endpoint)
 
     def _stop_server(self) -> None:
         if self._server is not None:
@@ -191,8 +203,8 @@ class Plugin:
         log.log(logging.INFO if self._socket else logging.DEBUG, "gpushare device plugin stopped; %s", socket_note)
 
     def _remove_socket(self) -> str:
-        path = self.settings.socket_path
-        if self._socket is None:
+        path = self.socket_path
+        if path is None or self._socket is None:
             return "it had not created its socket"
         current = lifecycle.socket_id(path)
         if current is not None and current != self._socket:

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -123,13 +121,14 @@ class DevicePluginServicer(deviceplugin_pb2_grpc.DevicePluginServicer):
 
 
 def serve(servicer: DevicePluginServicer, socket_path: str) -> grpc.Server:
-    """Serve the DevicePlugin service on a unix socket (a stale socket file is removed first)."""
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(socket_path)
+    """Serve the DevicePlugin service on a unix socket at a free path (each serve has a name of its own: a file there
+    may be another instance's socket, so it is never removed here; sockets.clear_stale removes dead ones)."""
     # One gRPC thread waits on each call in flight, plus ListAndWatch streams and the calls answered inline.
     threads = concurrent.futures.ThreadPoolExecutor(max_workers=CALL_WORKERS + 8, thread_name_prefix="grpc")
     server = grpc.server(threads)
     deviceplugin_pb2_grpc.add_DevicePluginServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
-    server.add_insecure_port("unix://" + socket_path)
+    # "unix:PATH", not "unix://PATH": grpcio (1.85) refuses a server address "unix://" + a path of 106 or 107 bytes,
+    # which the kubelet and a unix socket address (107 bytes, settings.UNIX_PATH_MAX) take.
+    server.add_insecure_port("unix:" + socket_path)
     server.start()
     return server

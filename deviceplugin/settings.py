@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
@@ -93,8 +94,10 @@ class PluginSettings:
     # Plain-HTTP /metrics (deviceplugin/metrics.py); None: not served.
     metrics_bind: tuple[str, int] | None = None
     # Not read from the environment: the safety-net poll of the device-plugin directory (it is watched with
-    # inotify), and how often and after what grace period unused CDI specs are collected.
+    # inotify), how long an older instance found serving at start is waited for (kubelet.RestartWatch), and how
+    # often and after what grace period unused CDI specs are collected.
     watch_interval_seconds: float = 5.0
+    older_instance_wait_seconds: float = 300.0
     gc_interval_seconds: float = 60.0
     gc_grace_seconds: float = 120.0
 
@@ -104,19 +107,31 @@ class PluginSettings:
         return self.contract.placement
 
     @property
-    def socket_name(self) -> str:
-        """The plugin's socket file name, which is also the endpoint given to the kubelet."""
-        return "gpushare-" + self.contract.resource.replace("/", "-").replace(".", "-") + ".sock"
+    def socket_prefix(self) -> str:
+        """What every socket of this plugin's resource is named after: `gpushare-<resource>`."""
+        return "gpushare-" + self.contract.resource.replace("/", "-").replace(".", "-")
 
-    @property
-    def socket_path(self) -> str:
-        return os.path.join(self.device_plugin_dir, self.socket_name)
+    def socket_name(self, token: str) -> str:
+        """The file name of one serve's socket, which is also the endpoint given to the kubelet. Each serve takes a
+        token of its own: kubelet v1.37 refuses a registration whose socket path it still holds a connection to,
+        and then never lets that path register again (docs/deviceplugin.md, "Socket names")."""
+        return f"{self.socket_prefix}-{token}.sock"
+
+    def socket_path(self, token: str) -> str:
+        return os.path.join(self.device_plugin_dir, self.socket_name(token))
+
+    def is_own_socket(self, name: str) -> bool:
+        """A file name this plugin's resource serves on: a token's, or the one fixed name of earlier versions."""
+        return name == self.socket_prefix + ".sock" or re.fullmatch(
+            re.escape(self.socket_prefix) + f"-[0-9a-f]{{{SOCKET_TOKEN_LENGTH}}}\\.sock", name) is not None
 
     @property
     def kubelet_socket(self) -> str:
         return os.path.join(self.device_plugin_dir, "kubelet.sock")
 
 
+# The random part of a socket name (socket_name): hex digits, 32 bits.
+SOCKET_TOKEN_LENGTH = 8
 # A unix socket address holds 108 bytes with the terminating NUL (sun_path, linux/un.h); gRPC refuses longer paths.
 UNIX_PATH_MAX = 107
 
@@ -189,7 +204,8 @@ def settings_from(env: Mapping[str, str]) -> PluginSettings:
             env, "GPUSHARE_RPC_TIMEOUT_SECONDS", "10", rpc_seconds, "a positive number of seconds below 30"
         ),
     )
-    check_socket_path(env, "GPUSHARE_DEVICE_PLUGIN_DIR", settings.socket_path, DEFAULT_PLUGIN_DIR)
+    check_socket_path(env, "GPUSHARE_DEVICE_PLUGIN_DIR", settings.socket_path("f" * SOCKET_TOKEN_LENGTH),
+                      DEFAULT_PLUGIN_DIR)
     check_socket_path(env, "GPUSHARE_POD_RESOURCES_SOCKET", settings.pod_resources_socket, DEFAULT_POD_RESOURCES)
     return settings
 

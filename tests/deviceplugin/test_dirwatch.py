@@ -76,7 +76,7 @@ def test_restart_watch_reacts_to_events_not_to_its_poll(tmp_path: Path) -> None:
         own.write_text("")
         restarted.set()
 
-    watch = RestartWatch(str(kubelet), str(own), on_restart, interval=3600)
+    watch = RestartWatch(str(kubelet), lambda: str(own), on_restart, interval=3600)
     watch.start()
     try:
         assert watch.notified

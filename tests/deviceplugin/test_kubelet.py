@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,7 +32,8 @@ def test_serves_before_registering_with_the_right_options(rig: Rig) -> None:
     (first,) = rig.kubelet.wait_registrations(1)
     assert first.plugin_was_serving
     assert first.request.version == "v1beta1"
-    assert first.request.endpoint == "gpushare-aliyun-com-gpu-mem.sock"
+    assert re.fullmatch(r"gpushare-aliyun-com-gpu-mem-[0-9a-f]{8}\.sock", first.request.endpoint)
+    assert rig.plugin.socket_path == os.path.join(rig.kubelet.plugin_dir, first.request.endpoint)
     assert first.request.resource_name == "aliyun.com/gpu-mem"
     assert first.request.options.pre_start_required
     assert rig.api.capacity == {"aliyun.com/gpu-count": "2"}
@@ -57,7 +59,8 @@ def test_registers_again_after_the_kubelet_restarts(rig: Rig) -> None:
     rig.kubelet.restart()
     registrations = rig.kubelet.wait_registrations(2)
     assert len(registrations) >= 2 and registrations[-1].plugin_was_serving
-    assert os.path.exists(rig.plugin.settings.socket_path)
+    assert registrations[-1].request.endpoint != registrations[0].request.endpoint  # a new name for each serve
+    assert rig.plugin.socket_path is not None and os.path.exists(rig.plugin.socket_path)
     rig.pod("p", {"main": 2})
     (admitted,) = rig.kubelet.admit("team", "p", [("main", 2)])
     assert admitted.response.envs["GPUSHARE_SLOT"] == slot_of(admitted.device_ids)

@@ -16,11 +16,16 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from contract.signing import public_pem
 from deviceplugin.main import main, run
+from deviceplugin.settings import PluginSettings
 from tests.harness.apiserver.kube_http import FakeKube, write_kubeconfig
 from tests.harness.kubelet.scripted import TestKubelet
 from tests.harness.plugin.fakes import plugin_settings
 
 pytestmark = pytest.mark.timeout(60)
+
+
+def own_sockets(settings: PluginSettings) -> list[str]:
+    return [name for name in os.listdir(settings.device_plugin_dir) if settings.is_own_socket(name)]
 
 
 def test_missing_node_name_is_a_clear_error(
@@ -76,7 +81,7 @@ def test_run_serves_registers_and_cleans_up(tmp_path_factory: pytest.TempPathFac
         assert registered.plugin_was_serving
         kubelet.plugin()
         assert len(kubelet.wait_lists(1)) == 16
-        assert os.path.exists(settings.socket_path)
+        assert os.path.exists(os.path.join(settings.device_plugin_dir, registered.request.endpoint))
         until = time.monotonic() + 10
         while not gc.get_freeze_count() and time.monotonic() < until:  # run() freezes once start() has returned
             time.sleep(0.01)
@@ -91,7 +96,7 @@ def test_run_serves_registers_and_cleans_up(tmp_path_factory: pytest.TempPathFac
         server.server_close()
         kubelet.stop()
     assert codes == [0]
-    assert not os.path.exists(settings.socket_path)
+    assert not own_sockets(settings)
     capacity = [r[3] for r in server.requests if r[1] == "/api/v1/nodes/node-a/status"]
     assert capacity == [{"status": {"capacity": {"aliyun.com/gpu-count": "2"}}}]
 
@@ -132,4 +137,4 @@ def test_the_process_stops_cleanly_on_sigterm(tmp_path_factory: pytest.TempPathF
         kubelet.stop()
     assert process.returncode == 0, output
     assert "Received SIGTERM" in output and "socket" in output and "removed" in output
-    assert not os.path.exists(settings.socket_path)
+    assert not own_sockets(settings)

@@ -24,7 +24,7 @@ from deviceplugin.settings import PLUGIN_VARIABLES
 pytestmark = pytest.mark.timeout(120)
 
 PLUGIN = str(Path(sys.executable).parent / "gpushare-device-plugin")
-SOCKET = "gpushare-aliyun-com-gpu-mem.sock"
+SOCKET = "gpushare-aliyun-com-gpu-mem-0123abcd.sock"  # named like one of the plugin's sockets
 
 
 def base_env(tmp: Path) -> dict[str, str]:

@@ -15,7 +15,8 @@ from contract.modes import Delivery
 from deviceplugin import delivery
 from deviceplugin.cdi import CdiStore, ensure_file
 from deviceplugin.inventory import HEALTHY, UNHEALTHY, Gpu, Inventory, InventoryError, fake_gpus, load_inventory
-from deviceplugin.settings import settings_from
+from deviceplugin.settings import UNIX_PATH_MAX, settings_from
+from deviceplugin.sockets import fresh_socket_path
 
 BASE = {"GPUSHARE_NODE_NAME": "node-a"}
 
@@ -41,8 +42,8 @@ def test_bad_settings_fail_with_the_variable_name(env: dict[str, str], error: st
 
 def test_defaults() -> None:
     s = settings_from(BASE)
-    assert s.socket_path == "/var/lib/kubelet/device-plugins/gpushare-aliyun-com-gpu-mem.sock"
-    assert s.socket_name == "gpushare-aliyun-com-gpu-mem.sock"
+    assert s.socket_path("3f9a1c2e") == "/var/lib/kubelet/device-plugins/gpushare-aliyun-com-gpu-mem-3f9a1c2e.sock"
+    assert s.socket_name("3f9a1c2e") == "gpushare-aliyun-com-gpu-mem-3f9a1c2e.sock"
     assert s.kubelet_socket == "/var/lib/kubelet/device-plugins/kubelet.sock"
     assert s.kubelet_checkpoint == "/var/lib/kubelet/device-plugins/kubelet_internal_checkpoint"
     assert s.pod_resources_socket == "/var/lib/kubelet/pod-resources/kubelet.sock"
@@ -50,6 +51,39 @@ def test_defaults() -> None:
     assert s.fake_gpu_dir == "/var/run/gpushare/fake-gpus"
     assert settings_from({**BASE, "GPUSHARE_FAKE_GPU_DIR": "/tmp/gpus"}).fake_gpu_dir == "/tmp/gpus"
     assert settings_from({**BASE, "GPUSHARE_DELIVERY": "cdi", "GPUSHARE_PLACEMENT": "node"}).placement == "node"
+
+
+@pytest.mark.parametrize(
+    ("name", "own"),
+    [
+        ("gpushare-aliyun-com-gpu-mem-3f9a1c2e.sock", True),
+        ("gpushare-aliyun-com-gpu-mem.sock", True),  # the one fixed name of earlier versions
+        ("gpushare-aliyun-com-gpu-mem-3F9A1C2E.sock", False),
+        ("gpushare-aliyun-com-gpu-mem-3f9a1c2.sock", False),
+        ("gpushare-aliyun-com-gpu-mem-3f9a1c2e.sock.tmp", False),
+        ("gpushare-aliyun-com-gpu-mem-x-3f9a1c2e.sock", False),  # another resource's
+        ("gpushare-aliyun-com-gpu-mem-x.sock", False),
+        ("nvidia-gpu.sock", False),
+        ("kubelet.sock", False),
+        ("kubelet_internal_checkpoint", False),
+    ],
+)
+def test_own_socket_names(name: str, own: bool) -> None:
+    assert settings_from(BASE).is_own_socket(name) is own
+
+
+@pytest.mark.parametrize(("directory_bytes", "accepted"), [(65, True), (66, False)])
+def test_the_socket_path_is_checked_with_the_longest_token(directory_bytes: int, accepted: bool) -> None:
+    """A directory of 65 bytes, a slash and `gpushare-aliyun-com-gpu-mem-<8 hex digits>.sock` make 107 bytes, what a
+    unix socket address holds; the fixed name of earlier versions would have fitted a directory 9 bytes longer."""
+    directory = "/" + "d" * (directory_bytes - 1)
+    env = {**BASE, "GPUSHARE_DEVICE_PLUGIN_DIR": directory}
+    if accepted:
+        s = settings_from(env)
+        assert len(os.fsencode(fresh_socket_path(s))) == UNIX_PATH_MAX == 107
+    else:
+        with pytest.raises(SettingsError, match="108 bytes long; a unix socket address holds at most 107"):
+            settings_from(env)
 
 
 @pytest.mark.parametrize(

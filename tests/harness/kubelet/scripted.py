@@ -50,12 +50,13 @@ class TestKubelet:
     __test__ = False  # not a pytest class
 
     def __init__(self, plugin_dir: str, pod_resources_socket: str,
-                 uid_of: Callable[[str, str], str] = lambda namespace, pod: f"uid-{namespace}-{pod}") -> None:
+                 uid_of: Callable[[str, str], str] = lambda namespace, pod: f"uid-{namespace}-{pod}",
+                 minor: int = 34) -> None:
         self.plugin_dir = plugin_dir
         self.uid_of = uid_of  # the pod UID the checkpoint records
         self.pod_resources_socket = pod_resources_socket
         self.devices = DeviceState(os.path.join(plugin_dir, "kubelet_internal_checkpoint"), RESOURCE)
-        self.registration = RegistrationServer(plugin_dir, RESOURCE, self._on_devices)
+        self.registration = RegistrationServer(plugin_dir, RESOURCE, self._on_devices, minor)  # how it keeps clients
         self.pod_resources = PodResourcesServer(pod_resources_socket, self.devices, self._healthy,
                                                 self._active_pods, limit=None, get_enabled=False)
         self.pod_resources.list_hook = self.listing  # a subclass's override is what List answers

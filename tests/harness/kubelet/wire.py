@@ -1,6 +1,6 @@
 """The test kubelet's gRPC side, shared by its two drivers (node.py, which runs pods of the simulated cluster on its
 own, and scripted.py, which the plugin's unit tests drive call by call): the Registration and PodResources servers
-and a device-plugin client, as kubelet v1.34 serves and calls them."""
+and a device-plugin client, as kubelet v1.34 serves and calls them (registration: also as v1.37 does)."""
 
 from __future__ import annotations
 
@@ -37,10 +37,12 @@ def rpc_error_text(exc: grpc.RpcError) -> str:
 
 @dataclass
 class Registered:
-    """One Register call: the request, and whether the plugin answered GetDevicePluginOptions on its endpoint."""
+    """One Register call: the request, whether the plugin answered GetDevicePluginOptions on its endpoint, and the
+    kubelet's refusal ("" when it connected)."""
 
     request: dp.RegisterRequest
     plugin_was_serving: bool
+    refused: str = ""
 
 
 @dataclass
@@ -90,21 +92,48 @@ class RegistrationServer(deviceplugin_pb2_grpc.RegistrationServicer):
     """`/v1beta1.Registration/Register` on kubelet.sock. As the kubelet (pkg/kubelet/cm/devicemanager/plugin/
     v1beta1/server.go Register, handler.go connectClient) it connects to the plugin's endpoint and asks its options
     before answering, so a plugin that registers before it serves gets an error; then it follows ListAndWatch in the
-    background. Every registration, every device list and the connection's changes wake `changed`."""
+    background (runClient). Every registration, every device list and the connection's changes wake `changed`.
 
-    def __init__(self, plugin_dir: str, resource: str, on_devices: Callable[[PluginConn | None], None]) -> None:
+    `minor` is the kubelet's minor version, for the two ways it keeps plugin clients (the rest is alike):
+
+    - 1.34-1.36 (v1.36.3 server.go registerClient, getClient, deregisterClient; manager.go PluginConnected,
+      PluginDisconnected): one client per resource. A new registration replaces the client and the endpoint and
+      leaves the old connection open; when any client's stream ends, the resource's *current* client is
+      disconnected: its connection closed, every device marked unhealthy, the endpoint stopped.
+    - 1.37 (v1.37.2 manager.go PluginConnected, PluginDisconnected; handler.go connectClient, runClient;
+      server.go deregisterClient, getClient): clients and endpoints per (resource, socket path). A registration
+      whose path has an endpoint is refused with "device plugin already connected: <path>", and connectClient then
+      deregisters every client of that path, the old one included; so when the old connection ends, runClient finds
+      no client, PluginDisconnected never runs, the endpoint stays, and every later registration on that path is
+      refused until the kubelet restarts. When a connection ends that is not the resource's last endpoint, it is
+      removed and a remaining one serves; the last one marks every device unhealthy.
+
+    `conn` is the endpoint the kubelet calls (manager.go endpoints[resource]); None once it has no healthy devices.
+    The device lists of a connection that is not `conn` stay on that connection (a real kubelet takes every
+    client's list as the resource's, PluginListAndWatchReceiver)."""
+
+    def __init__(self, plugin_dir: str, resource: str, on_devices: Callable[[PluginConn | None], None],
+                 minor: int = 34) -> None:
         self.plugin_dir = plugin_dir
         self.resource = resource
         self.on_devices = on_devices
+        self.minor = minor
         self.conn: PluginConn | None = None
+        self.clients: list[PluginConn] = []  # server.go clients[resource]: one before 1.37, one per path from 1.37
+        self.endpoints: dict[str, PluginConn] = {}  # 1.37 manager.go endpointStore[resource], by socket path
+        self._open: list[PluginConn] = []  # every connection whose ListAndWatch is followed
         self.registered: list[Registered] = []
         self.lists_seen = 0  # ListAndWatch messages received, over every connection
         self.changed = threading.Condition()
         self._server: grpc.Server | None = None
 
     @property
+    def per_socket(self) -> bool:
+        return self.minor >= 37
+
+    @property
     def registrations(self) -> int:
-        return sum(r.plugin_was_serving for r in self.registered)
+        return sum(r.plugin_was_serving and not r.refused for r in self.registered)
 
     def start(self) -> None:
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="test-kubelet-reg"))
@@ -120,18 +149,22 @@ class RegistrationServer(deviceplugin_pb2_grpc.RegistrationServicer):
         self.disconnect()
 
     def disconnect(self) -> None:
-        """Close the plugin connection (the plugin sees its ListAndWatch stream end)."""
+        """Close every plugin connection, as a stopping kubelet does (the plugin sees its ListAndWatch end)."""
         with self.changed:
-            conn, self.conn = self.conn, None
-        if conn is not None:
-            if conn.cancel is not None:
-                conn.cancel()
-            conn.channel.close()
+            conns, self._open = self._open, []
+            self.conn, self.clients, self.endpoints = None, [], {}
+        for conn in conns:
+            _close(conn)
 
     def wait_registrations(self, count: int, timeout: float) -> list[Registered]:
         with self.changed:
             self.changed.wait_for(lambda: len(self.registered) >= count, timeout)
             return list(self.registered)
+
+    def _record(self, registered: Registered) -> None:
+        with self.changed:
+            self.registered.append(registered)
+            self.changed.notify_all()
 
     def Register(self, request: dp.RegisterRequest, context: grpc.ServicerContext) -> dp.Empty:
         if request.version != VERSION:
@@ -139,29 +172,48 @@ class RegistrationServer(deviceplugin_pb2_grpc.RegistrationServicer):
         if request.resource_name != self.resource:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"this kubelet expects {self.resource}, not "
                           f"{request.resource_name}")
-        channel = grpc.insecure_channel("unix://" + os.path.join(self.plugin_dir, request.endpoint))
+        path = os.path.join(self.plugin_dir, request.endpoint)
+        channel = grpc.insecure_channel("unix://" + path)
         try:
             stub = _stub(channel)
             options: dp.DevicePluginOptions = stub.GetDevicePluginOptions(dp.Empty(), timeout=10)
-            responses = stub.ListAndWatch(dp.Empty())
         except grpc.RpcError as exc:
             channel.close()
-            with self.changed:
-                self.registered.append(Registered(request, False))
-                self.changed.notify_all()
+            self._deregister(path)
+            self._record(Registered(request, False))
             context.abort(grpc.StatusCode.UNKNOWN, f"failed to dial device plugin: {rpc_error_text(exc)}")
-        conn = PluginConn(request.endpoint, request.resource_name, channel, options, cancel=responses.cancel)
+        conn = PluginConn(request.endpoint, request.resource_name, channel, options)
         with self.changed:
-            old, self.conn = self.conn, conn
-            self.registered.append(Registered(request, True))
-            self.changed.notify_all()
-        if old is not None:
-            if old.cancel is not None:
-                old.cancel()
-            old.channel.close()
+            if self.per_socket and path in self.endpoints:
+                refused = f"device plugin already connected: {path}"
+            else:
+                refused = ""
+                if self.per_socket:
+                    self.clients = [*self.clients, conn]
+                    self.endpoints[path] = conn
+                else:
+                    self.clients = [conn]
+                self.conn = conn
+                self._open.append(conn)
+        if refused:
+            channel.close()
+            self._deregister(path)  # every client of that path: the connected one's end is never noticed
+            self._record(Registered(request, True, refused))
+            context.abort(grpc.StatusCode.UNKNOWN, refused)
+        responses = _stub(channel).ListAndWatch(dp.Empty())
+        conn.cancel = responses.cancel
+        self._record(Registered(request, True))
         threading.Thread(target=self._follow, args=(conn, responses), name="test-kubelet-plugin",
                          daemon=True).start()
         return dp.Empty()
+
+    def _deregister(self, path: str) -> None:
+        """server.go deregisterClient: v1.37 drops the clients of that path, earlier ones the resource's client."""
+        with self.changed:
+            self.clients = [c for c in self.clients if self._path(c) != path] if self.per_socket else []
+
+    def _path(self, conn: PluginConn) -> str:
+        return os.path.join(self.plugin_dir, conn.endpoint)
 
     def _follow(self, conn: PluginConn, responses: Iterator[dp.ListAndWatchResponse]) -> None:
         try:
@@ -177,13 +229,39 @@ class RegistrationServer(deviceplugin_pb2_grpc.RegistrationServicer):
         except grpc.RpcError:
             pass
         with self.changed:
-            gone = self.conn is conn
-            if gone:
-                self.conn = None
-            self.changed.notify_all()
-        if gone:
-            self.on_devices(None)
+            self._open = [c for c in self._open if c is not conn]
+        self._run_client_ended(conn)
         conn.channel.close()
+
+    def _run_client_ended(self, ended: PluginConn) -> None:
+        """handler.go runClient after the stream ended: getClient, then disconnectClient and PluginDisconnected."""
+        path = self._path(ended)
+        with self.changed:
+            # getClient: v1.37 the first client of this path, earlier ones the resource's client, whichever it is.
+            found = [c for c in self.clients if self._path(c) == path] if self.per_socket else self.clients
+            if not found:
+                return
+            client = found[0]
+            self.clients = [c for c in self.clients if self._path(c) != path] if self.per_socket else []
+            before = self.conn
+            if not self.per_socket:
+                self.conn = None  # the current endpoint is stopped, its devices unhealthy
+            elif path in self.endpoints:
+                del self.endpoints[path]
+                # The last endpoint marks the devices unhealthy; otherwise a remaining one is promoted.
+                self.conn = next(iter(self.endpoints.values()), None)
+            after = self.conn
+            self.changed.notify_all()
+        if client is not ended:
+            _close(client)
+        if after is not before:
+            self.on_devices(after)
+
+
+def _close(conn: PluginConn) -> None:
+    if conn.cancel is not None:
+        conn.cancel()
+    conn.channel.close()
 
 
 class TokenBucket:

@@ -36,7 +36,7 @@ class Rig:
         return self.api.add(pod)
 
 
-def make_rig(tmp: Path, gpus: str = "2x8GiB", kubelet_class: type[TestKubelet] = TestKubelet,
+def make_rig(tmp: Path, gpus: str = "2x8GiB", kubelet_class: type[TestKubelet] = TestKubelet, minor: int = 34,
              **env: str) -> Generator[Rig, None, None]:
     # A poll of an hour: re-registration after a kubelet restart must come from the directory watch.
     settings = dataclasses.replace(plugin_settings(str(tmp), **env), watch_interval_seconds=3600.0)
@@ -44,7 +44,7 @@ def make_rig(tmp: Path, gpus: str = "2x8GiB", kubelet_class: type[TestKubelet] =
     api = FakeApiServer()
     signer = Ed25519PrivateKey.generate()
     kubelet = kubelet_class(settings.device_plugin_dir, settings.pod_resources_socket,
-                          lambda namespace, name: str(api.pod(namespace, name)["metadata"]["uid"]))
+                          lambda namespace, name: str(api.pod(namespace, name)["metadata"]["uid"]), minor)
     kubelet.start()
     plugin = Plugin(settings, api=api, inventory=inventory, public_key=signer.public_key())
     plugin.start()

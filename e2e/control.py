@@ -65,8 +65,7 @@ def controller_manager(settings: E2eSettings, binary: Path, pki: Path, kubeconfi
         f"--service-account-private-key-file={pki / 'sa.key'}", f"--root-ca-file={pki / 'ca.crt'}",
         "--use-service-account-credentials=true", "--leader-elect=false",
         "--bind-address=127.0.0.1", f"--secure-port={settings.port(ports.CONTROLLERS)}",
-        # Nothing cloud-like here: no node IPAM, no service load balancers, no persistent volumes.
-        "--controllers=*,-nodeipam,-service-lb-controller,-cloud-node-lifecycle,-persistentvolume-binder",
+        settings.release.controllers_flag(),  # nothing cloud-like here (e2e/versions.py)
         "--node-monitor-grace-period=40s", *settings.release.feature_gates_flag(), "--v=1",
     ]
 

@@ -9,6 +9,9 @@ Each row is read from the upstream sources of that release (the Go module cache 
   (on) from 1.36; the tier passes a gate only where the release needs it on and still knows it, because a component
   refuses to start on a gate it does not know (`SidecarContainers` is gone in 1.37, CHANGELOG-1.37 #137755).
 - `MutatingAdmissionPolicy` at `admissionregistration.k8s.io/v1`: GA and served by default from 1.36.
+- controllers the tier turns off: cmd/kube-controller-manager/app/*.go of that version. 1.37 has no cloud
+  controllers left (`service-lb-controller` and `cloud-node-lifecycle` are unknown names there, and the controller
+  manager refuses to start on an unknown name).
 
 The pinned build modules of each row are in e2e/build/k8s/<version>/ and e2e/build/containerd/<version>/
 (`python -m e2e.versions pin VERSION` writes them for a new row).
@@ -38,6 +41,9 @@ class Release:
     # Feature gates the API server, scheduler and controller manager need for the tier's tests (none where the
     # release has them on by default).
     control_gates: tuple[str, ...] = ()
+    # Controllers of kube-controller-manager the tier turns off: nothing cloud-like here (no node IPAM, no Service
+    # load balancers, no persistent volumes); only names the release knows.
+    disabled_controllers: tuple[str, ...] = ("nodeipam", "persistentvolume-binder")
     mutating_admission_policy_v1: bool = False  # admissionregistration.k8s.io/v1 MutatingAdmissionPolicy served
 
     @property
@@ -49,14 +55,21 @@ class Release:
         """The version of the published staging modules (k8s.io/api, ...) of this release: v0.N.P."""
         return "v0" + self.kubernetes[len("v1"):]
 
+    def controllers_flag(self) -> str:
+        return "--controllers=" + ",".join(["*", *(f"-{name}" for name in self.disabled_controllers)])
+
     def feature_gates_flag(self) -> list[str]:
         return [f"--feature-gates={','.join(self.control_gates)}"] if self.control_gates else []
 
 
+_CLOUD_CONTROLLERS = ("service-lb-controller", "cloud-node-lifecycle")  # in the controller manager until 1.36
+
 RELEASES: tuple[Release, ...] = (
     Release("v1.35.4", etcd="v3.6.6", containerd="v2.2.9", runc="v1.3.6",
-            control_gates=("DRAConsumableCapacity=true",)),
-    Release("v1.36.3", etcd="v3.6.8", containerd="v2.3.7", runc="v1.5.2", mutating_admission_policy_v1=True),
+            control_gates=("DRAConsumableCapacity=true",),
+            disabled_controllers=("nodeipam", *_CLOUD_CONTROLLERS, "persistentvolume-binder")),
+    Release("v1.36.3", etcd="v3.6.8", containerd="v2.3.7", runc="v1.5.2", mutating_admission_policy_v1=True,
+            disabled_controllers=("nodeipam", *_CLOUD_CONTROLLERS, "persistentvolume-binder")),
     Release("v1.37.2", etcd="v3.7.0", containerd="v2.4.2", runc="v1.5.2", mutating_admission_policy_v1=True),
 )
 DEFAULT = RELEASES[-1].kubernetes  # CI runs the tier on the newest; the matrix on every row

@@ -58,6 +58,16 @@ def test_gates_are_passed_only_where_a_release_needs_them(tmp_path: Path) -> Non
     assert gates("v1.36.3") == gates("v1.37.2") == []
 
 
+def test_the_controller_manager_is_never_given_a_controller_its_release_lacks(tmp_path: Path) -> None:
+    def controllers(version: str) -> str:
+        settings = E2eSettings(cache_dir=tmp_path, run_dir=tmp_path, port_base=30000, kubernetes_version=version)
+        argv = control.controller_manager(settings, tmp_path / "cm", tmp_path, tmp_path / "k")
+        return next(a for a in argv if a.startswith("--controllers="))
+
+    assert "-service-lb-controller" in controllers("v1.36.3")
+    assert controllers("v1.37.2") == "--controllers=*,-nodeipam,-persistentvolume-binder"
+
+
 def test_an_unknown_release_is_refused_naming_the_supported_ones() -> None:
     assert versions.release("1.36.3").kubernetes == "v1.36.3"
     with pytest.raises(SettingsError, match=r"GPUSHARE_E2E_KUBERNETES: Kubernetes v1.33.0 is not in .*v1\.35\.4"):

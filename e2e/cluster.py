@@ -288,7 +288,10 @@ class Cluster:
         running one, as a DaemonSet rollout with overlap does."""
         log = self.log(name)
         offset = log.stat().st_size if log.exists() else 0
-        self.procs.start(name, [sys.executable, "-m", "deviceplugin.main"], env=self.plugin_env(), cwd=REPO)
+        env = self.plugin_env()
+        if name != "device-plugin":
+            env["GPUSHARE_METRICS_BIND"] = ""  # the first instance holds the node's metrics port
+        self.procs.start(name, [sys.executable, "-m", "deviceplugin.main"], env=env, cwd=REPO)
         kubectl = self.kubectl()
         # Registered with this kubelet (the plugin logs it once Register returned), and the node shows it.
         self.procs.wait_ready(name, lambda: b"device plugin serving" in log.read_bytes()[offset:], 60,

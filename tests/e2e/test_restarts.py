@@ -128,6 +128,7 @@ def test_a_new_plugin_beside_the_connected_one_while_pods_are_admitted(cluster: 
             assert all("UnexpectedAdmissionError" in r and "rpc error" not in r for r in others), others
     finally:
         cluster.procs.stop("device-plugin-next")
+        cluster.procs.stop("device-plugin")  # where the new instance failed to start, the old one still runs
         cluster.start_plugin()
 
 

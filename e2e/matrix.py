@@ -3,11 +3,13 @@ of e2e/versions.py, and one table release x check with pass/fail and the bug rep
 
     python -m e2e.matrix                     # every release of the table (./dev e2e --matrix)
     python -m e2e.matrix v1.36.3 v1.37.2     # these releases only
-    python -m e2e.matrix --write-readme      # and write the table into README.md with the date and commit
+    python -m e2e.matrix --write-readme      # and write the last result of every release into README.md
 
 Each release gets its own clusters, one after the other: the tier's checks in one pytest run, the install tier's in
 another (each starts and stops its own cluster). A check passes when every test it selects passed and at least one
-ran; "skip" means all were skipped (the line of the run says why).
+ran; "skip" means all were skipped (the line of the run says why). Each release's last result is kept, with its
+date and commit, in the tier's cache (`matrix/<version>.json`), so the README's table can hold releases run at
+different times, each column saying when and on what.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from e2e import versions
+from e2e.settings import from_environ
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
@@ -75,6 +78,30 @@ class Row:
     results: dict[str, str] = field(default_factory=dict)  # check name -> pass / FAIL / skip / not run
     times: dict[str, float] = field(default_factory=dict)  # "env" / "cdi" / "dra" -> seconds of the bug report
     error: str = ""
+    measured: str = ""  # "<date> on <commit>" of the run
+
+
+def _commit() -> str:
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                            check=False).stdout.strip() or "unknown"
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True,
+                           text=True, check=False).stdout.strip()
+    return commit + (" with local changes" if dirty else "")
+
+
+def save(row: Row, folder: Path) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{row.release}.json").write_text(json.dumps(row.__dict__, indent=1))
+
+
+def saved(folder: Path) -> list[Row]:
+    """The last result of every release of the table that has one, oldest release first."""
+    rows = []
+    for release in versions.RELEASES:
+        path = folder / f"{release.kubernetes}.json"
+        if path.exists():
+            rows.append(Row(**json.loads(path.read_text())))
+    return rows
 
 
 def _verdicts(junit: Path) -> dict[tuple[str, str], str]:
@@ -103,7 +130,7 @@ def judge(check: Check, verdicts: dict[tuple[str, str], str]) -> str:
 
 
 def run_release(version: str, python: str) -> Row:
-    row = Row(version)
+    row = Row(version, measured=f"{datetime.date.today().isoformat()} on {_commit()}")
     with tempfile.TemporaryDirectory(prefix="gpushare-matrix-") as work:
         record_file = Path(work) / "record.jsonl"
         env = {**os.environ, "GPUSHARE_E2E": "1", "GPUSHARE_E2E_KUBERNETES": version,
@@ -141,6 +168,8 @@ def table(rows: Iterable[Row]) -> str:
     for key, label in (("env", "env"), ("cdi", "cdi"), ("dra", "DRA claims")):
         cells = [f"{r.times[key]:.0f} s" if key in r.times else "-" for r in rows]
         lines.append(f"| bug report, first create to last start, {label} | " + " | ".join(cells) + " |")
+    if any(r.measured for r in rows):
+        lines.append("| measured | " + " | ".join(r.measured or "-" for r in rows) + " |")
     return "\n".join(lines)
 
 
@@ -149,13 +178,9 @@ END = "<!-- end of version matrix -->"
 
 
 def write_readme(text: str, readme: Path = README) -> None:
-    """Replace the README's matrix block with `text`, stamped with today's date and the commit it ran on."""
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                            check=False).stdout.strip() or "unknown"
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True,
-                           text=True, check=False).stdout.strip()
-    stamp = f"Measured {datetime.date.today().isoformat()} on commit {commit}{' with local changes' if dirty else ''}."
-    block = f"{BEGIN}\n{stamp}\n\n{text}\n{END}"
+    """Replace the README's matrix block with `text` (whose last row says when and on which commit each release
+    ran)."""
+    block = f"{BEGIN}\n{text}\n{END}"
     current = readme.read_text()
     pattern = re.compile(re.escape(BEGIN) + ".*?" + re.escape(END), re.DOTALL)
     if not pattern.search(current):
@@ -173,14 +198,18 @@ def main(argv: list[str] | None = None) -> int:
     except versions.UnknownRelease as exc:
         print(exc, file=sys.stderr)
         return 2
-    rows = [run_release(version, sys.executable) for version in chosen]
-    text = table(rows)
-    print(text)
+    kept = from_environ().cache_dir / "matrix"
+    rows = []
+    for version in chosen:
+        row = run_release(version, sys.executable)
+        save(row, kept)
+        rows.append(row)
+    print(table(rows))
     for row in rows:
         if row.error:
             print(f"{row.release}: {row.error}", file=sys.stderr)
     if args.write_readme:
-        write_readme(text)
+        write_readme(table(saved(kept)))
     failed = any(v in ("FAIL", "not run") for r in rows for v in r.results.values()) or any(r.error for r in rows)
     return 1 if failed else 0
 

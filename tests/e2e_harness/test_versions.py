@@ -98,11 +98,15 @@ def test_the_matrix_judges_each_check_from_the_junit_report(tmp_path: Path) -> N
 def test_the_matrix_writes_its_table_between_the_readmes_markers(tmp_path: Path) -> None:
     readme = tmp_path / "README.md"
     readme.write_text(f"# x\n\n{matrix.BEGIN}\nold\n{matrix.END}\n\nafter\n")
-    row = matrix.Row("v1.37.2", {c.name: "pass" for c in matrix.CHECKS}, {"env": 17.0})
-    matrix.write_readme(matrix.table([row]), readme)
+    kept = tmp_path / "matrix"
+    matrix.save(matrix.Row("v1.37.2", {c.name: "pass" for c in matrix.CHECKS}, {"env": 17.0}, "", "d1 on c1"), kept)
+    matrix.save(matrix.Row("v1.35.4", {c.name: "FAIL" for c in matrix.CHECKS}, {}, "", "d2 on c2"), kept)
+    rows = matrix.saved(kept)
+    assert [r.release for r in rows] == ["v1.35.4", "v1.37.2"]  # in the table's order, whenever each ran
+    matrix.write_readme(matrix.table(rows), readme)
     text = readme.read_text()
-    assert "old" not in text and "| bug report, first create to last start, env | 17 s |" in text
-    assert text.endswith("\n\nafter\n") and "Measured " in text
+    assert "old" not in text and "| bug report, first create to last start, env | - | 17 s |" in text
+    assert "| measured | d2 on c2 | d1 on c1 |" in text and text.endswith("\n\nafter\n")
     readme.write_text("no block\n")
     with pytest.raises(SystemExit, match="no version matrix block"):
         matrix.write_readme("t", readme)

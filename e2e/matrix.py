@@ -41,6 +41,12 @@ class Check:
     tier: str  # "tests/e2e" or "tests/install": which pytest run holds its tests
     files: tuple[str, ...]  # the test files it selects (relative to the tier)
     matches: Callable[[str], bool] = lambda test: True  # which tests of those files (by test name)
+    helm: str = ""  # a helm release other than charts/build-helm.sh's default (GPUSHARE_HELM_VERSION)
+
+    @property
+    def run(self) -> tuple[str, str]:
+        """The pytest run that holds its tests: one per tier and helm."""
+        return (self.tier, self.helm)
 
 
 def _bug_report(delivery: str) -> Callable[[str], bool]:
@@ -51,9 +57,13 @@ def _bug_report(delivery: str) -> Callable[[str], bool]:
     return matches
 
 
+HELM_3 = "v3.19.5"  # the chart works with Helm 3 as well as with Helm 4, charts/build-helm.sh's default
+
 CHECKS: tuple[Check, ...] = (
     Check("install: helm install, upgrade, rollback, uninstall", "tests/install",
           ("test_install.py", "test_install_cert_manager.py")),
+    Check(f"install with Helm 3 ({HELM_3}): install, scenarios, uninstall", "tests/install", ("test_install.py",),
+          helm=HELM_3),
     Check("bug report, env, real extender", "tests/e2e", ("test_scenario.py",), _bug_report("env")),
     Check("bug report, cdi, real extender", "tests/e2e", ("test_scenario.py",), _bug_report("cdi")),
     Check("plugin and kubelet restarts", "tests/e2e", ("test_restarts.py",)),
@@ -141,17 +151,19 @@ def run_release(version: str, python: str) -> Row:
             row.error = f"the toolchain for {version} could not be built (exit {built.returncode}; lines above)"
             row.results = {c.name: "not run" for c in CHECKS}
             return row
-        verdicts: dict[tuple[str, str], str] = {}
-        for tier in dict.fromkeys(c.tier for c in CHECKS):
-            files = sorted({f"{tier}/{f}" for c in CHECKS if c.tier == tier for f in c.files})
-            junit = Path(work) / (tier.replace("/", "-") + ".xml")
-            print(f"== {version}: {' '.join(files)}", file=sys.stderr, flush=True)
+        verdicts: dict[tuple[str, str], dict[tuple[str, str], str]] = {}
+        for index, (tier, helm) in enumerate(dict.fromkeys(c.run for c in CHECKS)):
+            files = sorted({f"{tier}/{f}" for c in CHECKS if c.run == (tier, helm) for f in c.files})
+            junit = Path(work) / f"run-{index}.xml"
+            print(f"== {version}{f' with helm {helm}' if helm else ''}: {' '.join(files)}", file=sys.stderr,
+                  flush=True)
+            run_env = {**env, "GPUSHARE_HELM_VERSION": helm} if helm else env
             subprocess.run([python, "-m", "pytest", "-p", "no:cacheprovider", f"--junitxml={junit}", *files],
-                           cwd=REPO, env=env, check=False)
+                           cwd=REPO, env=run_env, check=False)
             subprocess.run([python, "-m", "e2e.cluster", "down"], cwd=REPO, env=env, check=False,
                            stdout=subprocess.DEVNULL)
-            verdicts.update(_verdicts(junit))
-        row.results = {c.name: judge(c, verdicts) for c in CHECKS}
+            verdicts[(tier, helm)] = _verdicts(junit)
+        row.results = {c.name: judge(c, verdicts.get(c.run, {})) for c in CHECKS}
         if record_file.exists():
             for line in record_file.read_text().splitlines():
                 entry = json.loads(line)

@@ -6,7 +6,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import grpc
 
@@ -14,7 +14,6 @@ from deviceplugin import deadline
 from deviceplugin.api import deviceplugin_pb2, deviceplugin_pb2_grpc, podresources_pb2, podresources_pb2_grpc
 from deviceplugin.dirwatch import EVERYTHING, DirWatch
 from deviceplugin.resolve import Holding, holdings_from_checkpoint
-from deviceplugin.sockets import probe
 
 log = logging.getLogger(__name__)
 
@@ -167,39 +166,32 @@ def _identity(path: str) -> tuple[int, int] | None:
 
 class RestartWatch:
     """Calls `on_restart` (serve again under a new name and register) when the kubelet restarts: its socket is
-    recreated, or ours is deleted; and once when the older instances of this plugin that were serving at our start
-    have gone.
+    recreated, or ours is deleted; and when the kubelet dropped our endpoint while it kept running (`request`).
 
     A starting kubelet deletes every socket in the device-plugin directory, then listens on a new kubelet.sock
     (CleanupPluginDirectory in pkg/kubelet/cm/devicemanager/manager.go, Start in plugin/v1beta1/server.go); until
     the plugin has registered again the kubelet has no healthy devices for it and fails the admission of every pod
     that asks for them. So the directory is watched with inotify, and `interval` is only a slow safety-net poll.
 
-    Older instances (`older`, the sockets sockets.clear_stale found accepting): kubelets v1.34-v1.36 keep one
-    client per resource (plugin/v1beta1/server.go registerClient, getClient; v1.34.4, v1.36.3). When the older
-    instance's ListAndWatch stream ends after our registration, its runClient (handler.go) finds *our* client under
-    the resource's name and disconnects it: PluginDisconnected (manager.go) marks every device of the resource
-    unhealthy and stops our endpoint, and nothing connects again until a plugin registers. So once every older
-    socket is gone (that instance's server stopped) or refuses connections (it was killed), and `older_settle` has
-    passed (a gRPC server removes its socket first and ends its streams up to its grace period later), this
-    registers again. Kubelet v1.37 keeps one endpoint per socket path and promotes ours when the older one
-    disconnects (manager.go PluginDisconnected, v1.37.2); registering again there costs a moment. Watching stops
-    after `older_wait` seconds.
+    A dropped endpoint: kubelets v1.34-v1.36 keep one client per resource (plugin/v1beta1/server.go registerClient,
+    getClient; v1.34.4, v1.36.3). When an earlier instance's ListAndWatch stream ends after our registration, its
+    runClient (handler.go) finds *our* client under the resource's name and disconnects it: the kubelet closes our
+    connection, PluginDisconnected (manager.go) marks every device of the resource unhealthy and stops our endpoint,
+    and nothing connects again until a plugin registers. Our ListAndWatch stream ends then, with neither the plugin
+    nor the kubelet stopping, and the servicer calls `request` (server.DevicePluginServicer.on_dropped). Kubelet
+    v1.37 keeps one endpoint per socket path and promotes ours when the earlier one disconnects (manager.go
+    PluginDisconnected, v1.37.2): our stream goes on, and nothing is registered again, which would stop the
+    endpoint the kubelet is using for a moment.
     """
 
     def __init__(self, kubelet_socket: str, own_socket: Callable[[], str | None], on_restart: Callable[[], None],
-                 interval: float, settle: float = 0.05, *, older: Sequence[str] = (), older_wait: float = 300.0,
-                 older_probe: float = 0.5, older_settle: float = 1.0) -> None:
+                 interval: float, settle: float = 0.05) -> None:
         self.kubelet_socket = kubelet_socket
         self.own_socket = own_socket  # the socket of the current serve (it changes with every serve)
         self.on_restart = on_restart
         self.interval = interval
         self.settle = settle  # the kubelet deletes the sockets, then listens: act once the directory is quiet
-        self.older = list(older)
-        self.older_wait = older_wait
-        self.older_probe = older_probe  # a killed instance leaves its socket: probe it this often
-        self.older_settle = older_settle
-        self._older_until = 0.0
+        self._requested = threading.Event()
         self._stop = threading.Event()
         self._dir = DirWatch(os.path.dirname(kubelet_socket))
         self._thread = threading.Thread(target=self._run, name="kubelet-watch", daemon=True)
@@ -212,8 +204,16 @@ class RestartWatch:
     def start(self, registered: bool = True) -> None:
         """Start watching; when the first registration failed, register as soon as the kubelet answers."""
         self._known = _identity(self.kubelet_socket) if registered else None
-        self._older_until = time.monotonic() + self.older_wait
         self._thread.start()
+
+    def request(self) -> None:
+        """The kubelet dropped our endpoint: serve and register again (from any thread)."""
+        if not self._requested.is_set():
+            log.warning("The kubelet ended this plugin's ListAndWatch stream while it kept running (a kubelet before "
+                        "v1.37 does so when an earlier instance of the plugin disconnects); serving and registering "
+                        "again")
+        self._requested.set()
+        self._dir.wake()
 
     def stop(self) -> None:
         self._stop.set()
@@ -228,43 +228,25 @@ class RestartWatch:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            changed = self._dir.wait(min(self.interval, self.older_probe) if self.older else self.interval)
+            changed = self._dir.wait(self.interval)
             if self._stop.is_set():
                 return
-            older_gone = self._older_gone()
-            if changed and not changed & self._names() and not older_gone:
+            requested = self._requested.is_set()
+            if changed and not changed & self._names() and not requested:
                 continue  # another file (the kubelet's checkpoint, another plugin's socket)
             while changed and self._dir.wait(self.settle) and not self._stop.is_set():
                 pass  # more is happening in the directory: wait until it is quiet
-            self._check(older_gone)
+            self._check(requested)
 
-    def _older_gone(self) -> bool:
-        if not self.older:
-            return False
-        serving = [path for path in self.older if probe(path) == "accepts"]
-        if not serving:
-            log.info("the earlier instance of this plugin has gone (%s); registering again in %g s, since kubelets "
-                     "before v1.37 stop the current endpoint when an earlier one disconnects", ", ".join(self.older),
-                     self.older_settle)
-            self.older = []
-            self._stop.wait(self.older_settle)
-            return True
-        if time.monotonic() > self._older_until:
-            log.warning("An earlier instance of this plugin still accepts connections on %s after %g s; no longer "
-                        "waiting for it. If it stops later, a kubelet before v1.37 marks this plugin's devices "
-                        "unhealthy until the plugin registers again: stop that instance, then restart this plugin.",
-                        ", ".join(serving), self.older_wait)
-            self.older = []
-        return False
-
-    def _check(self, older_gone: bool = False) -> None:
+    def _check(self, requested: bool = False) -> None:
         current = _identity(self.kubelet_socket)
         if current is None:
             return  # the kubelet is down; register when its socket is back
         own = self.own_socket()
-        if current != self._known or older_gone or own is None or not os.path.exists(own):
-            if not older_gone:
+        if current != self._known or requested or own is None or not os.path.exists(own):
+            if not requested:
                 log.info("the kubelet restarted (its socket is new or ours is gone); serving and registering again")
+            self._requested.clear()  # a drop reported from here on is one of the new endpoint
             try:
                 self.on_restart()
                 self._known = current

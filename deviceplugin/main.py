@@ -113,7 +113,7 @@ class Plugin:
             self.metrics_server = MetricsServer(s.metrics_bind, self.metrics.registry)
             log.info("serving Prometheus metrics on http://%s:%s/metrics", *self.metrics_server.address)
         self.service.remember_pins()  # before serving: a container restarted now keeps the GPU it had
-        older = clear_stale(s)  # sockets of earlier instances: dead ones removed, live ones watched (RestartWatch)
+        clear_stale(s)  # sockets of earlier instances: dead ones removed, live ones left to their instance
         registered = True
         try:
             self.serve_and_register()
@@ -122,7 +122,7 @@ class Plugin:
             log.warning("Registering with the kubelet failed: %s; registering as soon as %s appears (checked every "
                         "%g s).", exc, s.kubelet_socket, s.watch_interval_seconds)
         self._watch = RestartWatch(s.kubelet_socket, lambda: self.socket_path, self.serve_and_register,
-                                   s.watch_interval_seconds, older=older, older_wait=s.older_instance_wait_seconds)
+                                   s.watch_interval_seconds)
         self._watch.start(registered)
         self._gc.start()
         if self.inventory.real:
@@ -149,7 +149,7 @@ class Plugin:
             self._remove_socket()
             path = fresh_socket_path(s)
             self._servicer = DevicePluginServicer(self.service, self.inventory, self._stop, s.rpc_timeout_seconds,
-                                                  self.metrics)
+                                                  self.metrics, on_dropped=self._dropped)
             self._server = serve(self._servicer, path)
             self.socket_path, self._socket = path, lifecycle.socket_id(path)
             endpoint = os.path.basename(path)
@@ -161,7 +161,14 @@ class Plugin:
             self.metrics.registrations.labels("ok").inc()
         log.info("registered %s with the kubelet (endpoint %s)", s.contract.resource, endpoint)
 
+    def _dropped(self) -> None:
+        """The kubelet ended our ListAndWatch stream while both kept running (kubelet.RestartWatch)."""
+        if self._watch is not None:
+            self._watch.request()
+
     def _stop_server(self) -> None:
+        if self._servicer is not None:
+            self._servicer.retire()  # the stream ends that stopping causes are ours, not a drop by the kubelet
         if self._server is not None:
             self._server.stop(grace=1).wait(timeout=5)
             self._server = None

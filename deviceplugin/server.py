@@ -31,16 +31,25 @@ OPTIONS = pb.DevicePluginOptions(pre_start_required=True, get_preferred_allocati
 
 class DevicePluginServicer(deviceplugin_pb2_grpc.DevicePluginServicer):
     def __init__(self, service: Service, inventory: Inventory, stop: threading.Event, timeout: float,
-                 metrics: PluginMetrics | None = None) -> None:
+                 metrics: PluginMetrics | None = None, *, on_dropped: Callable[[], None] | None = None) -> None:
         self.service = service
         self.metrics = metrics or PluginMetrics()
         self.inventory = inventory
         self.stop = stop
         self.timeout = timeout
+        # Called when a ListAndWatch stream ends that neither the plugin's stop nor retire() ended: the kubelet
+        # dropped this endpoint (kubelet.RestartWatch.request registers again).
+        self.on_dropped = on_dropped
+        self._retired = threading.Event()
         # The kubelet waits forever for Allocate while it admits pods one at a time: bound every answer.
         self._workers = concurrent.futures.ThreadPoolExecutor(CALL_WORKERS, thread_name_prefix="kubelet-call")
 
+    def retire(self) -> None:
+        """The plugin is stopping this server itself: the stream ends that follow are not the kubelet's doing."""
+        self._retired.set()
+
     def close(self) -> None:
+        self.retire()
         self._workers.shutdown(wait=False, cancel_futures=True)
 
     def _bounded(self, call: str, context: grpc.ServicerContext, work: Callable[[], T]) -> T:
@@ -80,13 +89,17 @@ class DevicePluginServicer(deviceplugin_pb2_grpc.DevicePluginServicer):
     def ListAndWatch(self, request: pb.Empty, context: grpc.ServicerContext) -> Iterator[pb.ListAndWatchResponse]:
         """The full device list first, then again after every health change, until the stream ends."""
         sent = -1
-        while context.is_active() and not self.stop.is_set():
-            version = self.inventory.version
-            if version != sent:
-                devices = [pb.Device(ID=device_id, health=health) for device_id, health in self.inventory.devices()]
-                yield pb.ListAndWatchResponse(devices=devices)
-                sent = version
-            self.inventory.wait_change(sent, 0.5)
+        try:
+            while context.is_active() and not self.stop.is_set() and not self._retired.is_set():
+                version = self.inventory.version
+                if version != sent:
+                    devices = [pb.Device(ID=i, health=health) for i, health in self.inventory.devices()]
+                    yield pb.ListAndWatchResponse(devices=devices)
+                    sent = version
+                self.inventory.wait_change(sent, 0.5)
+        finally:  # also when gRPC closes the generator at a yield
+            if not self.stop.is_set() and not self._retired.is_set() and self.on_dropped is not None:
+                self.on_dropped()
 
     def GetPreferredAllocation(
         self, request: pb.PreferredAllocationRequest, context: grpc.ServicerContext

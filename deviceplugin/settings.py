@@ -94,10 +94,8 @@ class PluginSettings:
     # Plain-HTTP /metrics (deviceplugin/metrics.py); None: not served.
     metrics_bind: tuple[str, int] | None = None
     # Not read from the environment: the safety-net poll of the device-plugin directory (it is watched with
-    # inotify), how long an older instance found serving at start is waited for (kubelet.RestartWatch), and how
-    # often and after what grace period unused CDI specs are collected.
+    # inotify), and how often and after what grace period unused CDI specs are collected.
     watch_interval_seconds: float = 5.0
-    older_instance_wait_seconds: float = 300.0
     gc_interval_seconds: float = 60.0
     gc_grace_seconds: float = 120.0
 

@@ -80,6 +80,6 @@ def clear_stale(settings: PluginSettings) -> list[str]:
         elif state == "accepts":
             live.append(path)
             log.info("left the socket %s in place: an earlier instance of this plugin still accepts connections on "
-                     "it (it is still running, stopping or frozen); this plugin registers again once it has gone",
+                     "it (it is still running, stopping or frozen); this plugin registers beside it",
                      path)
     return live

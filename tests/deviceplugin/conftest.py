@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -11,6 +14,18 @@ from contract import Contract
 from deviceplugin.inventory import Inventory, fake_gpus
 from tests.harness.plugin.fakes import NODE, FakeApiServer
 from tests.harness.plugin.rig import Rig, make_rig
+
+
+@pytest.fixture
+def tmp_path() -> Iterator[Path]:
+    """A short folder in place of pytest's: the plugin's sockets live under it, and a unix socket path holds 107
+    bytes, which pytest's folders (/tmp/pytest-of-<user>/pytest-<n>/<worker>/<test name>0/) and a socket name with
+    its token would pass."""
+    folder = Path(tempfile.mkdtemp(prefix="dp-"))
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture

@@ -4,6 +4,7 @@ of e2e/versions.py, and one table release x check with pass/fail and the bug rep
     python -m e2e.matrix                     # every release of the table (./dev e2e --matrix)
     python -m e2e.matrix v1.36.3 v1.37.2     # these releases only
     python -m e2e.matrix --write-readme      # and write the last result of every release into README.md
+    python -m e2e.matrix --kept --write-readme   # run nothing: the last kept results, into README.md
 
 Each release gets its own clusters, one after the other: the tier's checks in one pytest run, the install tier's in
 another (each starts and stops its own cluster). A check passes when every test it selects passed and at least one
@@ -204,13 +205,23 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m e2e.matrix", description=__doc__.split("\n")[0])
     parser.add_argument("releases", nargs="*", help="Kubernetes versions of e2e/versions.py (default: all)")
     parser.add_argument("--write-readme", action="store_true", help="write the table into README.md")
+    parser.add_argument("--kept", action="store_true", help="run nothing; print the last kept result of each release")
     args = parser.parse_args(argv)
+    kept = from_environ().cache_dir / "matrix"
+    if args.kept:
+        rows = saved(kept)
+        if not rows:
+            print(f"no release has a kept result in {kept}: run ./dev e2e --matrix first", file=sys.stderr)
+            return 1
+        print(table(rows))
+        if args.write_readme:
+            write_readme(table(rows))
+        return 0 if rows else 1
     try:
         chosen = [versions.release(v).kubernetes for v in args.releases] or [r.kubernetes for r in versions.RELEASES]
     except versions.UnknownRelease as exc:
         print(exc, file=sys.stderr)
         return 2
-    kept = from_environ().cache_dir / "matrix"
     rows = []
     for version in chosen:
         row = run_release(version, sys.executable)

@@ -14,6 +14,7 @@ from deviceplugin import deadline
 from deviceplugin.api import deviceplugin_pb2, deviceplugin_pb2_grpc, podresources_pb2, podresources_pb2_grpc
 from deviceplugin.dirwatch import EVERYTHING, DirWatch
 from deviceplugin.resolve import Holding, holdings_from_checkpoint
+from deviceplugin.sockets import probe
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +39,11 @@ def register(kubelet_socket: str, endpoint: str, resource: str, options: devicep
         # Without this check gRPC waits for the whole timeout and reports DEADLINE_EXCEEDED.
         raise RegistrationError(f"the kubelet's socket {kubelet_socket} does not exist yet (the kubelet is not "
                                 "running, or GPUSHARE_DEVICE_PLUGIN_DIR is not its device-plugins directory)")
+    if probe(kubelet_socket) == "refused":
+        # A stopped kubelet leaves its socket until the next one replaces it; gRPC would wait out the timeout there,
+        # and the watch would meet the next kubelet that much later.
+        raise RegistrationError(f"the kubelet's socket {kubelet_socket} does not accept connections (the kubelet "
+                                "is stopped or starting)")
     with grpc.insecure_channel("unix://" + kubelet_socket) as channel:
         stub = deviceplugin_pb2_grpc.RegistrationStub(channel)  # type: ignore[no-untyped-call]
         request = deviceplugin_pb2.RegisterRequest(
@@ -185,12 +191,13 @@ class RestartWatch:
     """
 
     def __init__(self, kubelet_socket: str, own_socket: Callable[[], str | None], on_restart: Callable[[], None],
-                 interval: float, settle: float = 0.05) -> None:
+                 interval: float, *, settle: float = 0.05, drop_settle: float = 0.5) -> None:
         self.kubelet_socket = kubelet_socket
         self.own_socket = own_socket  # the socket of the current serve (it changes with every serve)
         self.on_restart = on_restart
         self.interval = interval
         self.settle = settle  # the kubelet deletes the sockets, then listens: act once the directory is quiet
+        self.drop_settle = drop_settle  # after a stream's end, how long a stopping kubelet takes to stop answering
         self._requested = threading.Event()
         self._stop = threading.Event()
         self._dir = DirWatch(os.path.dirname(kubelet_socket))
@@ -242,6 +249,17 @@ class RestartWatch:
         current = _identity(self.kubelet_socket)
         if current is None:
             return  # the kubelet is down; register when its socket is back
+        if requested and current == self._known:
+            # The stream ends too when the kubelet stops, and its kubelet.sock stays until the next kubelet replaces
+            # it: a registration sent there now would wait out its timeout while the new kubelet cleans the
+            # directory, and hold back the registration with that kubelet. Register again only while this kubelet
+            # still answers; a stopped one's successor is met by the restart path.
+            self._stop.wait(self.drop_settle)
+            current = _identity(self.kubelet_socket)
+            if current == self._known and probe(self.kubelet_socket) != "accepts":
+                log.info("the kubelet stopped (its socket no longer accepts connections); registering when it is back")
+                self._requested.clear()
+                return
         own = self.own_socket()
         if current != self._known or requested or own is None or not os.path.exists(own):
             if not requested:

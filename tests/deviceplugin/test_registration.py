@@ -284,6 +284,31 @@ def test_registers_again_after_a_kubelet_restart(node: Node) -> None:
     node.admit_one("p")
 
 
+def test_a_stopped_kubelet_is_not_registered_with_and_its_successor_is_at_once(
+    node: Node, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The plugin's stream ends when the kubelet stops too, and kubelet.sock stays behind until the next kubelet
+    replaces it. Registering there would wait out the call's timeout and hold back the registration with the next
+    kubelet, which meanwhile admits pods without the plugin's devices (seen on the real kubelet v1.35.4 and
+    v1.36.3: a running pod rejected, 'no healthy devices present')."""
+    caplog.set_level(logging.INFO)
+    plugin = node.start_plugin()
+    node.kubelet.wait_registrations(1)
+    node.wait_endpoint(plugin.socket_path)
+    kubelet_socket = os.path.join(node.settings.device_plugin_dir, "kubelet.sock")
+    node.kubelet.registration.stop()  # the kubelet process ends: our stream with it
+    if not os.path.exists(kubelet_socket):
+        dead(kubelet_socket)  # the file it leaves behind, nobody listening
+    time.sleep(1.5)  # the stream's end seen, and what the plugin does about it done
+    node.kubelet.restart()  # the next kubelet: the directory cleaned, a new kubelet.sock
+    started = time.monotonic()
+    node.kubelet.wait_registrations(2)
+    assert time.monotonic() - started < 3  # not after a registration's timeout (the settings' 5 s)
+    assert "did not answer within" not in caplog.text and not refusals(node)
+    node.wait_endpoint(plugin.socket_path)
+    node.admit_one("p")
+
+
 def test_serves_and_registers_on_a_socket_path_of_107_bytes(tmp_path_factory: pytest.TempPathFactory) -> None:
     """The longest path the settings accept (a directory of 65 bytes and the longest name) is one gRPC serves on."""
     base = str(tmp_path_factory.mktemp("l"))

@@ -166,16 +166,27 @@ def _version_ldflags(version: str) -> str:
     return " ".join(["-s", "-w", *flags])
 
 
+def _staging(target: Path, what: str) -> Path:
+    """Say what is built, and an empty folder beside `target` to build it in (`_publish` moves it there)."""
+    _say(f"Building {what} into {target} ...")
+    staging = target.with_name(target.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    return staging
+
+
+def _publish(staging: Path, target: Path) -> None:
+    shutil.rmtree(target, ignore_errors=True)
+    staging.rename(target)
+
+
 def _build_kubernetes(settings: E2eSettings, target: Path) -> None:
     commands = ["etcd", *KUBERNETES_COMMANDS]
     if all((target / c).exists() for c in commands):
         return
     row = settings.release
-    _say(f"Building Kubernetes {row.kubernetes} and etcd {row.etcd} from their Go modules into {target} "
-         "(once; about 20 minutes on 2 cores) ...")
-    staging = target.with_name(target.name + ".partial")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
+    staging = _staging(target, f"Kubernetes {row.kubernetes} and etcd {row.etcd} from their Go modules (once; about "
+                               "15 minutes on 2 cores)")
     module = _module_work_dir(K8S_SOURCES, versions.k8s_module_dir(row), staging / "module")
     packages = ["./etcd", *[f"k8s.io/kubernetes/cmd/{c}" for c in KUBERNETES_COMMANDS]]
     _run(
@@ -183,26 +194,21 @@ def _build_kubernetes(settings: E2eSettings, target: Path) -> None:
         f"go build of etcd and {', '.join(KUBERNETES_COMMANDS)}", cwd=module, env=_go_env(settings, module),
     )
     shutil.rmtree(module)
-    shutil.rmtree(target, ignore_errors=True)
-    staging.rename(target)
+    _publish(staging, target)
 
 
 def _build_containerd(settings: E2eSettings, target: Path) -> None:
     if all((target / c).exists() for c in CONTAINERD_COMMANDS):
         return
     row = settings.release
-    _say(f"Building containerd {row.containerd} from its Go module into {target} ...")
-    staging = target.with_name(target.name + ".partial")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
+    staging = _staging(target, f"containerd {row.containerd} from its Go module")
     work = _module_work_dir(CONTAINERD_SOURCES, versions.containerd_module_dir(row), staging / "module")
     module = "github.com/containerd/containerd/v2"
     ldflags = f"-s -w -X {module}/version.Version={row.containerd}"
     _run(["go", "build", "-ldflags", ldflags, "-o", str(staging), *[f"{module}/cmd/{c}" for c in CONTAINERD_COMMANDS]],
          f"go build of {', '.join(CONTAINERD_COMMANDS)}", cwd=work, env=_go_env(settings, work))
     shutil.rmtree(work)
-    shutil.rmtree(target, ignore_errors=True)
-    staging.rename(target)
+    _publish(staging, target)
 
 
 def _build_runc(settings: E2eSettings, target: Path) -> None:
@@ -211,24 +217,17 @@ def _build_runc(settings: E2eSettings, target: Path) -> None:
     if (target / "runc").exists():
         return
     row = settings.release
-    _say(f"Building runc {row.runc} from its Go module into {target} ...")
-    staging = target.with_name(target.name + ".partial")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
+    staging = _staging(target, f"runc {row.runc} from its Go module")
     env = {**_go_env(settings), "GOBIN": str(staging), "GOFLAGS": "-buildvcs=false -trimpath"}
     _run(["go", "install", "-tags", RUNC_BUILD_TAGS, "-ldflags", "-s -w", f"{RUNC_MODULE}@{row.runc}"],
          f"go install of runc {row.runc}", env=env)
-    shutil.rmtree(target, ignore_errors=True)
-    staging.rename(target)
+    _publish(staging, target)
 
 
 def _build_cert_manager(settings: E2eSettings, target: Path) -> None:
     if (target / "cert-manager").exists() and (target / "deploy").is_dir():
         return
-    _say(f"Building cert-manager {settings.cert_manager_version} from its Go module into {target} ...")
-    staging = target.with_name(target.name + ".partial")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
+    staging = _staging(target, f"cert-manager {settings.cert_manager_version} from its Go module")
     env = _go_env(settings)
     _run(["go", "build", "-ldflags", "-s -w", "-o", str(staging / "cert-manager"), "."],
          "go build of cert-manager (controller, cainjector, webhook)", cwd=CERT_MANAGER_MODULE_DIR, env=env)
@@ -241,8 +240,7 @@ def _build_cert_manager(settings: E2eSettings, target: Path) -> None:
     shutil.copytree(module_dir / "deploy", staging / "deploy")
     for path in (staging / "deploy").rglob("*"):
         path.chmod(0o755 if path.is_dir() else 0o644)  # the module cache is read-only
-    shutil.rmtree(target, ignore_errors=True)
-    staging.rename(target)
+    _publish(staging, target)
 
 
 def _build_pause(target: Path) -> None:
@@ -307,10 +305,7 @@ def build_reference(settings: E2eSettings) -> Path | None:
     target = settings.cache_dir / f"reference-stack-{reference_key(source, version.stdout.strip())}"
     if all((target / binary).is_file() for binary in (EXTENDER_BINARY, PLUGIN_BINARY)):
         return target
-    _say(f"Building the reference extender and device plugin from {source} into {target} ...")
-    staging = target.with_name(target.name + ".partial")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
+    staging = _staging(target, f"the reference extender and device plugin from {source}")
     extender = staging / "work" / "gpushare-scheduler-extender"
     _writable_copy(source / "gpushare-scheduler-extender", extender)
     # Its go.mod and go.sum are complete: the default -mod=readonly builds it and checks every module's hash.
@@ -323,8 +318,7 @@ def build_reference(settings: E2eSettings) -> Path | None:
     _run(["go", "build", f"-ldflags={PLUGIN_LDFLAGS}", "-o", str(staging / PLUGIN_BINARY), "./cmd/nvidia"],
          f"go build of {PLUGIN_BINARY}", cwd=plugin, env={**env, "GO111MODULE": "off", "GOPATH": str(gopath)})
     shutil.rmtree(staging / "work")
-    shutil.rmtree(target, ignore_errors=True)
-    staging.rename(target)
+    _publish(staging, target)
     return target
 
 

@@ -141,10 +141,11 @@ KNOBS: tuple[Knob, ...] = (
         block=True,
     ),
     *node_plugin_knobs("devicePlugin", "gpushare-device-plugin", PLUGIN, "the device plugin",
-                       "The nodes that run the device plugin (label your GPU nodes gpushare=true)."),
+                       "The nodes that run the device plugin (label your GPU nodes "
+                       "gpushare.io/gpu-memory=device-plugin)."),
     *node_plugin_knobs("dra", "gpushare-dra-plugin", DRA, "the DRA driver",
-                       "The nodes that run the DRA driver. A node serves GPU memory through one path: label it "
-                       "gpushare=true for the device plugin or gpushare=dra for the DRA driver."),
+                       "The nodes that run the DRA driver. A node serves GPU memory through one path, the value of "
+                       "its label gpushare.io/gpu-memory: device-plugin for the device plugin, dra for the driver."),
     Knob(
         where=(Where("NetworkPolicy", "gpushare-webhook", "spec.ingress[0].from"),),
         values=(Value("networkPolicy.apiServer", "Who may reach the webhook's admission port (8443): the API "
@@ -184,8 +185,8 @@ SWITCHES = (
 COMPONENT_DOCS = {
     "monitoring": "Prometheus Operator PodMonitors for the webhook and the device plugins, and the Grafana "
                   "dashboard as a ConfigMap (needs the monitoring.coreos.com CRDs).",
-    "dra": "The DRA driver: its DaemonSet on nodes labelled gpushare=dra, its ServiceAccount and RBAC, the "
-           "DeviceClass gpushare.io and the policies keeping it to its own node's ResourceSlices (needs "
+    "dra": "The DRA driver: its DaemonSet on nodes labelled gpushare.io/gpu-memory=dra, its ServiceAccount and "
+           "RBAC, the DeviceClass gpushare.io and the policies keeping it to its own node's ResourceSlices (needs "
            "resource.k8s.io/v1 and the DRAConsumableCapacity feature gate; docs/dra.md).",
 }
 

@@ -111,4 +111,4 @@ def scheduler(settings: E2eSettings, binary: Path, config: Path, kubeconfig: Pat
 def kubelet(binary: Path, settings: E2eSettings, config: Path, kubeconfig: Path) -> list[str]:
     return [str(binary), f"--config={config}", f"--kubeconfig={kubeconfig}",
             f"--hostname-override={settings.node_name}",
-            "--node-labels=gpushare=true", "--v=1"]
+            "--node-labels=gpushare.io/gpu-memory=device-plugin", "--v=1"]

@@ -28,7 +28,7 @@ from e2e.fakenvml import EVENTS_ENV
 
 RELEASE = "gpushare"
 RELEASE_NAMESPACE = "kube-system"  # docs/helm.md: not the chart's own namespace, which the chart creates
-GPU_NODE_LABEL = "gpushare=true"  # the chart's default devicePlugin.nodeSelector
+GPU_NODE_LABEL = "gpushare.io/gpu-memory=device-plugin"  # the chart's default devicePlugin.nodeSelector
 NVML_DIR = "/opt/gpushare-e2e/nvml"  # where the plugin's container sees the fake library
 
 

@@ -37,22 +37,13 @@ READY = b"Registered device plugin with Kubelet"  # pkg/gpu/nvidia/server.go, Re
 ADMISSION_KINDS = ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration",
                    "ValidatingAdmissionPolicyBinding")
 _VOLATILE = ("resourceVersion", "uid", "creationTimestamp", "generation", "managedFields")
-# Our manifests name our plugin's ClusterRole and binding gpushare-device-plugin too, and both stacks live in one
-# cluster in this tier: the reference's are applied under this suffix, with its rules and subjects as they are.
-RENAMED = "-reference"
-
-
 def reference_rbac(source: Path) -> tuple[str, tuple[str, str]]:
-    """The reference plugin's device-plugin-rbac.yaml (cluster-scoped names suffixed) and its ServiceAccount."""
-    docs = [d for d in yaml.safe_load_all((source / "device-plugin-rbac.yaml").read_text()) if d]
+    """The reference plugin's device-plugin-rbac.yaml as it is, and its ServiceAccount. Our cluster-scoped names
+    differ from its own (manifests/base/device-plugin.yaml), so both stacks' RBAC live in one cluster unchanged."""
+    text = (source / "device-plugin-rbac.yaml").read_text()
+    docs = [d for d in yaml.safe_load_all(text) if d]
     account = next(d["metadata"] for d in docs if d["kind"] == "ServiceAccount")
-    for doc in docs:
-        if doc["kind"] in ("ClusterRole", "ClusterRoleBinding"):
-            doc["metadata"]["name"] += RENAMED
-            doc["metadata"].pop("namespace", None)
-        if doc["kind"] == "ClusterRoleBinding":
-            doc["roleRef"]["name"] += RENAMED
-    return "\n---\n".join(yaml.safe_dump(d) for d in docs), (account["namespace"], account["name"])
+    return text, (account["namespace"], account["name"])
 
 
 # A pod that only gpushare's admission refuses (a reserved annotation set by a user): the probe that tells whether

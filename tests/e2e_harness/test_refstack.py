@@ -97,8 +97,8 @@ def test_the_extender_runs_in_its_namespace_behind_one_forwarder(tmp_path: Path)
     assert env == {"KUBECONFIG": str(tmp_path / "kubeconfig"), "PORT": str(extender.PORT), "LOG_LEVEL": "info"}
 
 
-def test_the_reference_plugins_rbac_is_its_own_file_renamed_beside_ours(tmp_path: Path) -> None:
-    (tmp_path / "device-plugin-rbac.yaml").write_text("""# rbac.yaml
+def test_the_reference_plugins_rbac_is_applied_as_its_own_file(tmp_path: Path) -> None:
+    text = """# rbac.yaml
 ---
 kind: ClusterRole
 apiVersion: rbac.authorization.k8s.io/v1
@@ -108,20 +108,6 @@ rules: [{apiGroups: [""], resources: [pods], verbs: [patch]}]
 apiVersion: v1
 kind: ServiceAccount
 metadata: {name: gpushare-device-plugin, namespace: kube-system}
----
-kind: ClusterRoleBinding
-apiVersion: rbac.authorization.k8s.io/v1
-metadata: {name: gpushare-device-plugin, namespace: kube-system}
-roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: gpushare-device-plugin}
-subjects: [{kind: ServiceAccount, name: gpushare-device-plugin, namespace: kube-system}]
-""")
-    text, account = reference_rbac(tmp_path)
-    docs = list(yaml.safe_load_all(text))
-    assert account == ("kube-system", "gpushare-device-plugin")
-    assert [(d["kind"], d["metadata"]["name"]) for d in docs] == [
-        ("ClusterRole", "gpushare-device-plugin-reference"), ("ServiceAccount", "gpushare-device-plugin"),
-        ("ClusterRoleBinding", "gpushare-device-plugin-reference")]
-    assert docs[0]["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["patch"]}]
-    assert docs[2]["roleRef"]["name"] == "gpushare-device-plugin-reference" and "namespace" not in docs[2]["metadata"]
-    assert docs[2]["subjects"] == [{"kind": "ServiceAccount", "name": "gpushare-device-plugin",
-                                    "namespace": "kube-system"}]
+"""
+    (tmp_path / "device-plugin-rbac.yaml").write_text(text)
+    assert reference_rbac(tmp_path) == (text, ("kube-system", "gpushare-device-plugin"))

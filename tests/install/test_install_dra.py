@@ -1,10 +1,12 @@
-"""The DRA path installed as users install it: `helm install` with `dra.enabled`, the node labelled gpushare=dra,
+"""The DRA path installed as users install it: `helm install` with `dra.enabled`, the node labelled
+gpushare.io/gpu-memory=dra,
 the driver as the chart's DaemonSet pod (its own ServiceAccount, the kubelet's plugin directories as hostPaths, the
 fake NVML library through dra.extra* values as the device plugin gets it); the bug report's scenario with claims
 through it, its pod replaced while pods pull, and `helm uninstall` leaving no class, slice or object of ours.
 
 Runs after test_install_cert_manager.py (whose uninstall leaves the cluster as it found it); the tests of this
-module run in order on one install. No device plugin runs meanwhile: its DaemonSet selects gpushare=true.
+module run in order on one install. No device plugin runs meanwhile: its DaemonSet selects
+gpushare.io/gpu-memory=device-plugin.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from tests.harness.cluster import workloads as w
 from tests.install.test_install import _ours, _ready, assert_nothing_of_ours_left
 
 DRIVER = "app.kubernetes.io/name=gpushare-dra-plugin"
-DRA_NODE_LABEL = "gpushare=dra"  # the chart's default dra.nodeSelector
+DRA_NODE_LABEL = "gpushare.io/gpu-memory=dra"  # the chart's default dra.nodeSelector
 
 
 @pytest.fixture(scope="module")

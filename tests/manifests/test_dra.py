@@ -116,7 +116,7 @@ def test_the_device_plugin_gets_nothing_of_dra(overlay: str, tmp_path: Path) -> 
     """The DRA rights belong to the driver's ServiceAccount: with the component, the device plugin's role is
     unchanged, and no binding of the component names it."""
     base, with_dra = _by_name(render(overlay)), _by_name(render_with_component(overlay, "dra", tmp_path))
-    plugin = ("ClusterRole", "gpushare-device-plugin")
+    plugin = ("ClusterRole", "gpushare-system-device-plugin")
     assert with_dra[plugin] == base[plugin]
     added = [o for k, o in with_dra.items() if k not in base and o["kind"].endswith("Binding")]
     assert added and all(s.get("name") != "gpushare-device-plugin" for o in added for s in o.get("subjects", []))
@@ -128,7 +128,7 @@ def test_the_driver_daemonset(overlay: str, tmp_path: Path) -> None:
     spec = pod_spec(objs, "DaemonSet", DRIVER)
     plugin = pod_spec(objs, "DaemonSet", "gpushare-device-plugin")
     # One path per node: the same label key with another value, so no node runs both.
-    assert spec["nodeSelector"] == {"gpushare": "dra"}
+    assert spec["nodeSelector"] == {"gpushare.io/gpu-memory": "dra"}
     assert set(spec["nodeSelector"]) == set(plugin["nodeSelector"])
     assert spec["nodeSelector"] != plugin["nodeSelector"]
     assert spec["tolerations"] == plugin["tolerations"]

@@ -276,7 +276,8 @@ def gpu_node(name: str = "gpu-node-1", *, count: str = "2", labels: dict[str, st
     resources = {"cpu": "8", "aliyun.com/gpu-mem": "32", "aliyun.com/gpu-count": count}
     return {
         "apiVersion": "v1", "kind": "Node",
-        "metadata": {"name": name, "labels": labels or {"kubernetes.io/hostname": name, "gpushare": "true"}},
+        "metadata": {"name": name, "labels": labels or {"kubernetes.io/hostname": name,
+                                                         "gpushare.io/gpu-memory": "device-plugin"}},
         "spec": {"podCIDR": "10.0.0.0/24"},
         "status": {
             "capacity": dict(resources), "allocatable": dict(resources),

@@ -257,7 +257,7 @@ def test_webhook_deployment(overlay: str) -> None:
 def test_device_plugin_daemonset(overlay: str) -> None:
     objs = render(overlay)
     spec = pod_spec(objs, "DaemonSet", "gpushare-device-plugin")
-    assert spec["nodeSelector"] == {"gpushare": "true"}
+    assert spec["nodeSelector"] == {"gpushare.io/gpu-memory": "device-plugin"}
     assert spec["priorityClassName"] == "system-node-critical"
     assert spec["tolerations"]
     assert spec["serviceAccountName"] == "gpushare-device-plugin"
@@ -305,16 +305,16 @@ def rules_of(role: Obj) -> dict[tuple[str, str], set[str]]:
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_rbac_is_least_privilege(overlay: str) -> None:
     objs = render(overlay)
-    plugin_role = find(objs, "ClusterRole", "gpushare-device-plugin")
+    plugin_role = find(objs, "ClusterRole", "gpushare-system-device-plugin")
     assert rules_of(plugin_role) == {
         ("", "pods"): {"get", "list", "watch", "patch"},
         ("", "events"): {"create"},
         ("", "nodes/status"): {"patch"},
     }
-    assert [o["metadata"]["name"] for o in objects(objs, "ClusterRole")] == ["gpushare-device-plugin"]
-    binding = find(objs, "ClusterRoleBinding", "gpushare-device-plugin")
+    assert [o["metadata"]["name"] for o in objects(objs, "ClusterRole")] == ["gpushare-system-device-plugin"]
+    binding = find(objs, "ClusterRoleBinding", "gpushare-system-device-plugin")
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                                  "name": "gpushare-device-plugin"}
+                                  "name": "gpushare-system-device-plugin"}
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "gpushare-device-plugin", "namespace": NAMESPACE}]
     bound: list[Any] = [s for kind in ("ClusterRoleBinding", "RoleBinding") for b in objects(objs, kind)
                         for s in b["subjects"]]

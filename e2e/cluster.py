@@ -28,7 +28,7 @@ from e2e.certmanager import CertManager
 from e2e.kube import Kubectl
 from e2e.pki import Pki, kubeconfig
 from e2e.settings import E2eSettings, from_environ
-from e2e.toolchain import Toolchain, ToolchainError, ensure
+from e2e.toolchain import PLUGIN_BINARY, PLUGIN_IMAGE, Toolchain, ToolchainError, ensure
 
 REPO = Path(__file__).resolve().parents[1]
 TENANT = "tenant-user"  # an ordinary user: edit rights in the test namespaces, nothing more
@@ -142,6 +142,8 @@ class Cluster:
         s, tc = self.settings, self.toolchain
         self._pod_network()
         layouts = ["--oci-layout", str(tc.image.layout)] if tc.image is not None else []
+        if tc.reference is not None:
+            layouts += ["--binary-image", f"{PLUGIN_IMAGE}={tc.reference / PLUGIN_BINARY}"]
         self.procs.start("registry", [sys.executable, "-m", "e2e.registry", "--port", str(s.port(ports.REGISTRY)),
                                       "--busybox", str(tc.busybox), "--pause", str(tc.pause), *layouts], cwd=REPO)
         registry = f"http://127.0.0.1:{s.port(ports.REGISTRY)}/v2/"

@@ -88,6 +88,14 @@ def pause_image(pause: Path) -> Image:
     return image([layer({"pause": (pause.read_bytes(), 0o755)})], entrypoint=["/pause"])
 
 
+def binary_image(binary: Path, loader_paths: dict[str, Path]) -> Image:
+    """One dynamically linked program at /usr/bin/<its name>, with the files its loader needs (image path -> host
+    file: the C library and the loader itself, from `ldd`), and a /tmp: what a Go program built with cgo runs on."""
+    files = {f"usr/bin/{binary.name}": (binary.read_bytes(), 0o755), "tmp/.keep": (b"", 0o644)}
+    files.update({path.lstrip("/"): (host.read_bytes(), 0o755) for path, host in loader_paths.items()})
+    return image([layer(files)], env=["PATH=/usr/bin:/bin"])
+
+
 def tag_layer(tag: str) -> Layer:
     """A small layer unique to a tag, so that every slow tag is a fresh pull (containerd shares blobs)."""
     return layer({"etc/gpushare-e2e-tag": (tag.encode() + b"\n", 0o644)})

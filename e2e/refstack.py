@@ -28,6 +28,7 @@ from e2e import fakenvml, gpushare
 from e2e.cluster import REPO, Cluster, _base_env, _has_capacity
 from e2e.pki import kubeconfig
 from e2e.procs import StartError
+from e2e.settings import E2eSettings
 from e2e.toolchain import PLUGIN_BINARY
 
 # Its DaemonSet's command (device-plugin-ds.yaml), and `-token unused`: without a kubelet token it reads the
@@ -44,6 +45,14 @@ def reference_rbac(source: Path) -> tuple[str, tuple[str, str]]:
     docs = [d for d in yaml.safe_load_all(text) if d]
     account = next(d["metadata"] for d in docs if d["kind"] == "ServiceAccount")
     return text, (account["namespace"], account["name"])
+
+
+def reference_nvml_env(settings: E2eSettings) -> dict[str, str]:
+    """The fake NVML library with the tier's GPUs, each with a minor number equal to its index (the reference
+    plugin sscanf's /dev/nvidia<minor> and fails without one); the device nodes are never opened."""
+    gpus = fake_gpus(settings.fake_gpus, settings.node_name, "MiB")
+    library = fakenvml.build(settings.cache_dir / "fakenvml")
+    return fakenvml.environment(library, fakenvml.gpu_list((g.memory_units, g.uuid, g.index) for g in gpus))
 
 
 # A pod that only gpushare's admission refuses (a reserved annotation set by a user): the probe that tells whether
@@ -102,7 +111,7 @@ class Stacks:
                             cluster.pki_dir / "ca.crt", token=gpushare.token(kubectl, *account),
                             user="gpushare-device-plugin")
         s = cluster.settings
-        env = {**_base_env(), **self.nvml_env(), "KUBECONFIG": str(config), "NODE_NAME": s.node_name}
+        env = {**_base_env(), **reference_nvml_env(s), "KUBECONFIG": str(config), "NODE_NAME": s.node_name}
         log = cluster.log("reference-plugin")
         offset = log.stat().st_size if log.exists() else 0
         cluster.procs.start("reference-plugin", [str(binaries / PLUGIN_BINARY), *FLAGS], env=env, cwd=REPO)
@@ -111,14 +120,6 @@ class Stacks:
         cluster.procs.wait_ready("reference-plugin", lambda: _has_capacity(kubectl, s.node_name), 60,
                                  "the node advertising aliyun.com/gpu-mem")
         self.current = "reference"
-
-    def nvml_env(self) -> dict[str, str]:
-        """The fake NVML library with the tier's GPUs, each with a minor number equal to its index (the reference
-        plugin sscanf's /dev/nvidia<minor> and fails without one); the device nodes are never opened."""
-        s = self.cluster.settings
-        gpus = fake_gpus(s.fake_gpus, s.node_name, "MiB")
-        library = fakenvml.build(s.cache_dir / "fakenvml")
-        return fakenvml.environment(library, fakenvml.gpu_list((g.memory_units, g.uuid, g.index) for g in gpus))
 
     def use_ours(self, delivery: str) -> None:
         cluster = self.cluster

@@ -6,7 +6,9 @@ whose image env sets NVIDIA_VISIBLE_DEVICES=all, as every nvidia/cuda image does
 milliseconds: every such tag is a fresh pull of several seconds, as in the bug report. Any other tag is
 served at once. With `--oci-layout DIR`, the images of an OCI image layout too (the project's own image, built by
 e2e.projectimage), as `gpushare-e2e/gpushare:<tag>` and `<tag>-upgrade` (the same image under a second tag, for
-the upgrade tests), their blobs read from the layout's files. Read-only: GET and
+the upgrade tests), their blobs read from the layout's files. With `--binary-image NAME:TAG=PROGRAM`, an image of
+that one program and the C library it links (images.binary_image; the reference device plugin's DaemonSet image).
+Read-only: GET and
 HEAD of /v2/, manifests and blobs (the OCI distribution pull API).
 """
 
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import subprocess
 import sys
 import threading
 import time
@@ -51,6 +54,13 @@ class Store:
         for blob in (layout / "blobs" / "sha256").iterdir():
             self.files["sha256:" + blob.name] = blob
 
+    def add_binary(self, name: str, tag: str, program: Path) -> None:
+        """An image of `program` alone (and its loader's files, as `ldd` lists them), as name:tag."""
+        made = images.binary_image(program, linked_files(program))
+        with self._lock:
+            self.blobs.update(made.blobs)
+            self.manifests[(name, tag)] = made.manifest
+
     def blob(self, ref: str) -> bytes | None:
         if ref in self.blobs:
             return self.blobs[ref]
@@ -71,6 +81,20 @@ class Store:
                     self.delay[images.digest(unique.blob)] = int(slow.group(1)) / 1000
                 self.manifests[(name, ref)] = made.manifest
             return self.manifests.get((name, ref))
+
+
+_LDD = re.compile(r"^\s*(?:\S+ => )?(/\S+) \(0x[0-9a-f]+\)$")
+
+
+def linked_files(program: Path) -> dict[str, Path]:
+    """The shared objects `ldd` resolves for a program, by the path the program's loader looks them up at."""
+    done = subprocess.run(["ldd", str(program)], capture_output=True, text=True, timeout=30, check=True)
+    out: dict[str, Path] = {}
+    for line in done.stdout.splitlines():
+        found = _LDD.match(line)
+        if found:
+            out[found[1]] = Path(found[1]).resolve()
+    return out
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -137,8 +161,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pause", type=Path, required=True)
     parser.add_argument("--oci-layout", type=Path, action="append", default=[],
                         help="an OCI image layout whose tagged images to serve as gpushare-e2e/gpushare:<tag>")
+    parser.add_argument("--binary-image", action="append", default=[], metavar="NAME:TAG=PROGRAM",
+                        help="serve an image of one dynamically linked program as NAME:TAG")
     args = parser.parse_args(argv)
-    server = Registry(args.port, Store(args.busybox, args.pause, tuple(args.oci_layout)))
+    store = Store(args.busybox, args.pause, tuple(args.oci_layout))
+    for item in args.binary_image:
+        ref, _, program = item.partition("=")
+        name, _, tag = ref.rpartition(":")
+        if not (name and tag and program):
+            parser.error(f"--binary-image {item!r} is not NAME:TAG=PROGRAM")
+        store.add_binary(name, tag, Path(program))
+    server = Registry(args.port, store)
     print(f"registry serving on 127.0.0.1:{args.port}", file=sys.stderr, flush=True)
     server.serve_forever()
     return 0

@@ -26,6 +26,8 @@ class E2eSettings:
     # Holds gpushare-scheduler-extender/ and gpushare-device-plugin/ (the reference programs' sources); None: the
     # tier has no reference programs.
     reference_src: Path | None = None
+    # Holds nvidia-device-plugin/ (NVIDIA's chart, unmodified); None: the tier installs no peer beside ours.
+    peers_src: Path | None = None
 
     @property
     def release(self) -> Release:
@@ -54,6 +56,7 @@ def from_environ(environ: Mapping[str, str] | None = None) -> E2eSettings:
     if not 1024 <= base <= 65000:
         raise SettingsError(f"GPUSHARE_E2E_PORT_BASE={base} must be between 1024 and 65000")
     reference = env.get("GPUSHARE_E2E_REFERENCE_SRC")
+    peers = env.get("GPUSHARE_E2E_PEERS_SRC")
     kubernetes = env.get("GPUSHARE_E2E_KUBERNETES") or versions.DEFAULT
     try:
         kubernetes = versions.release(kubernetes).kubernetes
@@ -61,7 +64,8 @@ def from_environ(environ: Mapping[str, str] | None = None) -> E2eSettings:
         raise SettingsError(f"GPUSHARE_E2E_KUBERNETES: {exc}") from None
     return E2eSettings(kubernetes_version=kubernetes, cache_dir=Path(cache), run_dir=Path(run), port_base=base,
                        fake_gpus=env.get("GPUSHARE_E2E_FAKE_GPUS", "4x64GiB"),
-                       reference_src=Path(reference).absolute() if reference else None)
+                       reference_src=Path(reference).absolute() if reference else None,
+                       peers_src=Path(peers).absolute() if peers else None)
 
 
 def requested(environ: Mapping[str, str] | None = None) -> bool:

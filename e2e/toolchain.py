@@ -52,6 +52,8 @@ REFERENCE_TREES = {
 }
 EXTENDER_BINARY = "gpushare-sche-extender"  # its Makefile's build-server target
 PLUGIN_BINARY = "gpushare-device-plugin-v2"  # its Dockerfile's name
+# Its DaemonSet's image (device-plugin-ds.yaml) under the tier's registry: the built program and its C library.
+PLUGIN_IMAGE = "gpushare-e2e/k8s-gpushare-plugin:v2-1.11-aff8a23"
 PLUGIN_IMPORT_PATH = "github.com/AliyunContainerService/gpushare-device-plugin"
 # Its NVML bindings leave the NVML symbols to the dynamic loader, which needs the executable's symbols exported:
 # Go no longer passes -rdynamic to the external linker (golang/go#53579), and without it every NVML call jumps to 0.

@@ -84,3 +84,18 @@ def test_slow_tags_are_fresh_layers_with_their_delay(store: Store) -> None:
 @pytest.mark.parametrize("path", ["/v2/nothing/manifests/x", "/v2/gpushare-e2e/busybox/blobs/sha256:00", "/etc"])
 def test_unknown_paths_are_404(registry: str, path: str) -> None:
     assert get(registry + path)[0] == 404
+
+
+def test_a_binary_image_holds_the_program_and_what_its_loader_needs(registry: str, store: Store) -> None:
+    program = Path("/bin/true").resolve()  # a dynamically linked program of the machine
+    store.add_binary("gpushare-e2e/one-program", "v1", program)
+    status, body, _ = get(f"{registry}/v2/gpushare-e2e/one-program/manifests/v1")
+    assert status == 200
+    [entry] = json.loads(body)["layers"]
+    _, blob, _ = get(f"{registry}/v2/gpushare-e2e/one-program/blobs/{entry['digest']}")
+    with tarfile.open(fileobj=io.BytesIO(gzip.decompress(blob))) as tar:
+        names = set(tar.getnames())
+        assert tar.getmember(f"usr/bin/{program.name}").mode == 0o755
+    assert {f"usr/bin/{program.name}", "tmp/.keep"} <= names
+    assert any(n.startswith("lib") and "/libc.so" in n for n in names), names
+    assert any("ld-linux" in n for n in names), names

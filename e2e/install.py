@@ -137,3 +137,23 @@ def wait_serving(cluster: Cluster, timeout: float = 120) -> None:
         last = err.strip() or out.strip()
         time.sleep(1)
     raise InstallError(f"the webhook did not answer through its Service within {timeout:g} s: {last}")
+
+
+def node_gpu_memory(cluster: Cluster) -> tuple[int, int]:
+    """(allocatable aliyun.com/gpu-mem, capacity aliyun.com/gpu-count) of the tier's node: what the extender reads
+    (it gives each GPU memory/count, so a node without its count is a node of GPUs without memory to it)."""
+    node = cluster.kubectl().json(["get", "node", cluster.settings.node_name])
+    allocatable, capacity = node["status"].get("allocatable") or {}, node["status"].get("capacity") or {}
+    memory, count = str(allocatable.get("aliyun.com/gpu-mem", "0")), str(capacity.get("aliyun.com/gpu-count", "0"))
+    return (int(memory) if memory.isdigit() else 0), (int(count) if count.isdigit() else 0)
+
+
+def wait_node_serving(cluster: Cluster, timeout: float = 120) -> None:
+    """Until the node offers GPU memory and its GPU count: a pod created before is judged by the extender on a node
+    without them and waits in the scheduler's queue of unschedulable pods for minutes."""
+    deadline = time.monotonic() + timeout
+    while min(node_gpu_memory(cluster)) <= 0:
+        if time.monotonic() > deadline:
+            raise InstallError(f"the node offered no aliyun.com/gpu-mem or no aliyun.com/gpu-count within {timeout:g} s"
+                               f" (allocatable memory, GPU count: {node_gpu_memory(cluster)})")
+        time.sleep(1)

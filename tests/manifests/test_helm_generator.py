@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import yaml
 
-from charts import generate
+from charts import generate, model
 from charts.knobs import KNOBS, split_image
 from charts.model import Knobbed, ModelError, When, merge
 
@@ -81,6 +81,13 @@ def test_knob_fields_become_value_expressions() -> None:
     index = next(i for i, k in enumerate(KNOBS) if k.values[0].path == "webhook.replicas")
     text = generate._Writer({"webhook.replicas": 2}).text({"spec": {"replicas": Knobbed(index)}})
     assert "replicas: {{ .Values.webhook.replicas }}" in text
+
+
+def test_a_path_step_may_name_an_item_whose_name_holds_dots() -> None:
+    hooks = {"webhooks": [{"name": "mutate.gpushare.io", "timeoutSeconds": 5},
+                          {"name": "neutralise.gpushare.io", "timeoutSeconds": 2}]}
+    [(parent, key)] = model._fields(hooks, "webhooks[name=neutralise.gpushare.io].timeoutSeconds")
+    assert parent[key] == 2
 
 
 @pytest.mark.parametrize(("image", "parts"), [

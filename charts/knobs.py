@@ -101,7 +101,29 @@ def node_plugin_knobs(head: str, daemonset: str, container: str, what: str, node
     )
 
 
+# A namespace name (DNS-1123 label, as kube-apiserver validates it).
+DNS_LABEL = {"type": "string", "pattern": "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", "maxLength": 63}
+# The namespaces the rules for ordinary pods (no GPU selection by env without GPU memory) leave out: the fail-open
+# webhook entries and the policy gpushare-container-env. Each list holds gpushare-system first, always left out (the
+# webhook and the plugins must start while the webhook is down), then the trusted namespaces, which the value sets.
+EXEMPT = "namespaceSelector.matchExpressions[key=kubernetes.io/metadata.name].values"
+TRUSTED_NAMESPACES = Knob(
+    where=(Where("MutatingWebhookConfiguration", "gpushare-webhook", f"webhooks[name=neutralise.gpushare.io].{EXEMPT}"),
+           Where("ValidatingWebhookConfiguration", "gpushare-webhook",
+                 f"webhooks[name=validate-ordinary.gpushare.io].{EXEMPT}"),
+           Where("ValidatingAdmissionPolicy", "gpushare-container-env", f"spec.matchConstraints.{EXEMPT}")),
+    values=(Value("trustedNamespaces", "Namespaces whose pods may select GPUs by env (NVIDIA_VISIBLE_DEVICES, "
+                  "CUDA_VISIBLE_DEVICES, ...) without requesting aliyun.com/gpu-mem, such as the NVIDIA device "
+                  "plugin's: the rules for ordinary pods (the webhook entries neutralise.gpushare.io and "
+                  "validate-ordinary.gpushare.io, the policy gpushare-container-env) leave them out; GPU-share pods "
+                  "are checked there as everywhere. Whoever can create pods in one can give a container every GPU "
+                  "of a node: list only namespaces where only cluster administrators create pods. gpushare-system "
+                  "is always left out. See docs/deploy.md, Trusted GPU infrastructure.", items=DNS_LABEL),),
+    block=True, append=True, keep=1,
+)
+
 KNOBS: tuple[Knob, ...] = (
+    TRUSTED_NAMESPACES,
     Knob(
         where=(Where("*", "*", f"{CONTAINERS}.image"),),
         values=(Value("image.repository", "The image all workloads run (see Dockerfile), without its tag."),

@@ -196,11 +196,14 @@ def values_yaml(defaults: dict[str, Any]) -> str:
         head, leaf = switch.value.split(".", 1)
         groups.setdefault(head, []).extend([_comment(switch.doc, "  "), textwrap.indent(_dump({leaf: True}), "  ")])
     for value, _ in _value_entries():
-        head, leaf = value.path.split(".", 1)
         doc = value.doc + (f" One of: {', '.join(value.enum)}." if value.enum else "")
+        head, dot, leaf = value.path.partition(".")
+        if not dot:  # a top-level value, after the certificate mode
+            out.extend(["\n", _comment(doc, ""), _dump({head: defaults[value.path]})])
+            continue
         entry = textwrap.indent(_dump({leaf: defaults[value.path]}), "  ")
         groups.setdefault(head, []).extend([_comment(doc, "  "), entry])
-    order = [*dict.fromkeys(v.path.split(".", 1)[0] for v, _ in _value_entries()), *switches]
+    order = [*dict.fromkeys(v.path.split(".", 1)[0] for v, _ in _value_entries() if "." in v.path), *switches]
     for head in dict.fromkeys(order):
         out.append(f"\n{head}:\n")
         out.extend(groups[head])
@@ -221,11 +224,13 @@ def schema(defaults: dict[str, Any]) -> str:
         return node
 
     for value, _ in _value_entries():
-        head, leaf = value.path.split(".", 1)
         entry: dict[str, Any] = {"type": _TYPES[type(defaults[value.path])], "description": value.doc}
         if value.enum:
             entry["enum"] = list(value.enum)
-        group(head)["properties"][leaf] = entry
+        if value.items:
+            entry["items"] = dict(value.items)
+        head, dot, leaf = value.path.partition(".")
+        (group(head)["properties"] if dot else root["properties"])[leaf or head] = entry
     for folder in kustomize.components():
         group(component_value(folder))["properties"]["enabled"] = {
             "type": "boolean", "description": _component_doc(folder)}

@@ -6,7 +6,7 @@ values renders exactly the objects of the overlays.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,7 +23,8 @@ MODE_DOC = ("Where the webhook's serving certificate and the intent-signing key 
 @dataclass(frozen=True)
 class Where:
     """Fields of rendered objects: kind, name (`*` for any) and a path such as
-    `spec.template.spec.containers[name=webhook].resources` (`[*]` every item, `[0]` the first)."""
+    `spec.template.spec.containers[name=webhook].resources` (`[*]` every item, `[0]` the first; a name in brackets
+    may hold dots: `webhooks[name=neutralise.gpushare.io]`)."""
 
     kind: str
     name: str
@@ -32,9 +33,10 @@ class Where:
 
 @dataclass(frozen=True)
 class Value:
-    path: str  # in values.yaml, dotted
+    path: str  # in values.yaml, dotted; a path without a dot is a top-level value
     doc: str
     enum: tuple[str, ...] = ()
+    items: Mapping[str, Any] = field(default_factory=dict)  # of a list value: the JSON Schema of each item
 
 
 def _one(value: Any) -> tuple[Any, ...]:
@@ -54,13 +56,16 @@ def split_image(image: Any) -> tuple[Any, ...]:
 class Knob:
     """One or more values that together set the fields `where` (all of which hold the same value in the
     manifests). `block` fields are maps or lists written with toYaml; the others are scalars. An `append` knob adds
-    the items of its value (a list, empty by default) after the items the manifests hold in the list `where`."""
+    the items of its value (a list, empty by default) after the items the manifests hold in the list `where`; with
+    `keep`, after their first `keep` items only: the manifests' items after those are the value's default, so the
+    value replaces them (and an empty list removes them)."""
 
     where: tuple[Where, ...]
     values: tuple[Value, ...]
     expression: str = ""  # a Helm action for the field; empty: the single value itself
     block: bool = False
     append: bool = False
+    keep: int | None = None
     defaults: Callable[[Any], tuple[Any, ...]] = field(default=_one)
 
 
@@ -96,7 +101,29 @@ def node_plugin_knobs(head: str, daemonset: str, container: str, what: str, node
     )
 
 
+# A namespace name (DNS-1123 label, as kube-apiserver validates it).
+DNS_LABEL = {"type": "string", "pattern": "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", "maxLength": 63}
+# The namespaces the rules for ordinary pods (no GPU selection by env without GPU memory) leave out: the fail-open
+# webhook entries and the policy gpushare-container-env. Each list holds gpushare-system first, always left out (the
+# webhook and the plugins must start while the webhook is down), then the trusted namespaces, which the value sets.
+EXEMPT = "namespaceSelector.matchExpressions[key=kubernetes.io/metadata.name].values"
+TRUSTED_NAMESPACES = Knob(
+    where=(Where("MutatingWebhookConfiguration", "gpushare-webhook", f"webhooks[name=neutralise.gpushare.io].{EXEMPT}"),
+           Where("ValidatingWebhookConfiguration", "gpushare-webhook",
+                 f"webhooks[name=validate-ordinary.gpushare.io].{EXEMPT}"),
+           Where("ValidatingAdmissionPolicy", "gpushare-container-env", f"spec.matchConstraints.{EXEMPT}")),
+    values=(Value("trustedNamespaces", "Namespaces whose pods may select GPUs by env (NVIDIA_VISIBLE_DEVICES, "
+                  "CUDA_VISIBLE_DEVICES, ...) without requesting aliyun.com/gpu-mem, such as the NVIDIA device "
+                  "plugin's: the rules for ordinary pods (the webhook entries neutralise.gpushare.io and "
+                  "validate-ordinary.gpushare.io, the policy gpushare-container-env) leave them out; GPU-share pods "
+                  "are checked there as everywhere. Whoever can create pods in one can give a container every GPU "
+                  "of a node: list only namespaces where only cluster administrators create pods. gpushare-system "
+                  "is always left out. See docs/deploy.md, Trusted GPU infrastructure.", items=DNS_LABEL),),
+    block=True, append=True, keep=1,
+)
+
 KNOBS: tuple[Knob, ...] = (
+    TRUSTED_NAMESPACES,
     Knob(
         where=(Where("*", "*", f"{CONTAINERS}.image"),),
         values=(Value("image.repository", "The image all workloads run (see Dockerfile), without its tag."),

@@ -156,6 +156,8 @@ def objects() -> list[Part]:
 
 
 _STEP = re.compile(r"^([^\[\]]+)(?:\[(\*|\d+|[\w.-]+=[^\]]+)\])?$")
+# The steps of a path: split at the dots outside brackets (a name in brackets may hold dots).
+_STEPS = re.compile(r"[^.\[]+(?:\[[^\]]*\])?")
 
 
 def _children(node: Any, step: str, where: str) -> Iterator[tuple[Any, Any]]:
@@ -184,7 +186,7 @@ def _children(node: Any, step: str, where: str) -> Iterator[tuple[Any, Any]]:
 
 def _fields(obj: Obj, path: str) -> list[tuple[Any, Any]]:
     found: list[tuple[Any, Any]] = [({"": obj}, "")]
-    for step in path.split("."):
+    for step in _STEPS.findall(path):
         found = [c for parent, k in found for c in _children(parent[k], step, path)]
     return found
 
@@ -209,11 +211,7 @@ def apply_knobs(parts: list[Part]) -> dict[str, Any]:
                              "fix the path in charts/knobs.py.")
         held = [parent[k].value if isinstance(parent[k], When) else parent[k] for parent, k in fields]
         if knob.append:
-            for (value,), items in ((knob.values, h) for h in held):
-                if not isinstance(items, list):
-                    raise ModelError(f"The chart value {value.path} adds items to {knob.where}, which is no list.")
-                defaults[value.path] = []
-                items.append(Knobbed(index))
+            defaults[knob.values[0].path] = _append(knob, index, held)
             continue
         if any(h != held[0] for h in held):
             raise ModelError(f"The fields the chart value {names} sets hold different values in the manifests "
@@ -226,6 +224,24 @@ def apply_knobs(parts: list[Part]) -> dict[str, Any]:
             else:
                 parent[k] = Knobbed(index)
     return defaults
+
+
+def _append(knob: Knob, index: int, held: list[Any]) -> list[Any]:
+    """Mark where an append knob's items go in each list it sets; returns the value's default."""
+    (value,) = knob.values
+    if not all(isinstance(items, list) for items in held):
+        raise ModelError(f"The chart value {value.path} adds items to {knob.where}, which is no list.")
+    if knob.keep is None:
+        for items in held:
+            items.append(Knobbed(index))
+        return []
+    if any(items != held[0] for items in held) or len(held[0]) < knob.keep:
+        raise ModelError(f"The chart value {value.path} sets the items after the first {knob.keep} of {knob.where}, "
+                         f"which the manifests must give one list of at least {knob.keep} items; they hold {held}.")
+    default: list[Any] = held[0][knob.keep:]
+    for items in held:
+        items[knob.keep:] = [Knobbed(index)]
+    return default
 
 
 def _defaults(knob: Knob, held: Any) -> tuple[Any, ...]:

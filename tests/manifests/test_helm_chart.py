@@ -33,9 +33,17 @@ EXTRA_MOUNTS = [{"name": "nvml", "mountPath": "/opt/nvml", "readOnly": True}]
 EXTRA_VOLUMES = [{"name": "nvml", "hostPath": {"path": "/opt/nvml", "type": "Directory"}}]
 SCRAPERS = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "observability"}},
              "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}]
+# kube-system dropped, two others trusted; the lists they go into, after gpushare-system (neutralise.gpushare.io,
+# validate-ordinary.gpushare.io, the policy gpushare-container-env: docs/deploy.md, Trusted GPU infrastructure).
+TRUSTED = ["nvidia-device-plugin", "gpu-operator"]
+EXEMPT = "namespaceSelector/matchExpressions/0/values"
+EXEMPT_LISTS = (("MutatingWebhookConfiguration", "gpushare-webhook", f"/webhooks/1/{EXEMPT}"),
+                ("ValidatingWebhookConfiguration", "gpushare-webhook", f"/webhooks/2/{EXEMPT}"),
+                ("ValidatingAdmissionPolicy", "gpushare-container-env", f"/spec/matchConstraints/{EXEMPT}"))
 
 # Every value of the chart set away from its default ...
 CUSTOM_VALUES: Obj = {
+    "trustedNamespaces": TRUSTED,
     "image": IMAGE,
     "config": {"delivery": "cdi", "placement": "node", "unit": "MiB", "logLevel": "DEBUG"},
     "webhook": {"replicas": 3, "resources": WEBHOOK_RESOURCES},
@@ -108,6 +116,7 @@ def custom_kustomization(overlay: str) -> Obj:
             _replace("NetworkPolicy", "gpushare-webhook", "/spec/ingress/1/from", SCRAPERS),
             _replace("NetworkPolicy", "gpushare-device-plugin", "/spec/ingress/0/from", SCRAPERS),
             _replace("NetworkPolicy", "gpushare-dra-plugin", "/spec/ingress/0/from", SCRAPERS),
+            *(_replace(kind, name, path, ["gpushare-system", *TRUSTED]) for kind, name, path in EXEMPT_LISTS),
         ],
     }
 
@@ -191,6 +200,10 @@ def test_helm_lint_is_clean(sets: list[str]) -> None:
     ("webhok.replicas=3", "webhok"),
     ("webhook.replicas=two", "replicas"),
     ("image.pullPolicy=Sometimes", "pullPolicy"),
+    ("trustedNamespaces=kube-system", "trustedNamespaces"),
+    ("trustedNamespaces={kube-system,GPU_Operator}", "trustedNamespaces/1"),
+    # helm's --set reads {} as a list of one empty string; an empty list is --set-json 'trustedNamespaces=[]'.
+    ("trustedNamespaces={}", "trustedNamespaces/0"),
 ])
 def test_a_bad_value_is_refused_naming_it(setting: str, named: str) -> None:
     done = helm.run(["template", helm.RELEASE, str(CHART), *helm.kube_version_args(), "--set", setting])

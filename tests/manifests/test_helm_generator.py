@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 import yaml
 
-from charts import generate
-from charts.knobs import KNOBS, split_image
+from charts import generate, model
+from charts.knobs import KNOBS, TRUSTED_NAMESPACES, split_image
 from charts.model import Knobbed, ModelError, When, merge
 
 CM, SS = 'eq .Values.certificates "cert-manager"', 'eq .Values.certificates "self-signed"'
@@ -81,6 +81,33 @@ def test_knob_fields_become_value_expressions() -> None:
     index = next(i for i, k in enumerate(KNOBS) if k.values[0].path == "webhook.replicas")
     text = generate._Writer({"webhook.replicas": 2}).text({"spec": {"replicas": Knobbed(index)}})
     assert "replicas: {{ .Values.webhook.replicas }}" in text
+
+
+def test_a_knob_that_keeps_the_first_items_sets_the_rest() -> None:
+    index = KNOBS.index(TRUSTED_NAMESPACES)
+    lists = [["gpushare-system", "kube-system"], ["gpushare-system", "kube-system"]]
+    assert model._append(TRUSTED_NAMESPACES, index, lists) == ["kube-system"]  # the value's default
+    assert lists == [["gpushare-system", Knobbed(index)]] * 2
+    lines = generate._Writer({}).text({"values": lists[0]}).splitlines()
+    assert lines == ["values:", "- gpushare-system", "{{- with .Values.trustedNamespaces }}",
+                     "{{- toYaml . | nindent 0 }}", "{{- end }}"]
+
+
+@pytest.mark.parametrize("lists", [
+    [["gpushare-system", "kube-system"], ["gpushare-system"]],
+    [["gpushare-system", "kube-system"], ["kube-system", "gpushare-system"]],
+    [[]],
+])
+def test_a_knob_that_keeps_the_first_items_needs_one_list(lists: list[list[str]]) -> None:
+    with pytest.raises(ModelError, match="trustedNamespaces sets the items after the first 1 of"):
+        model._append(TRUSTED_NAMESPACES, KNOBS.index(TRUSTED_NAMESPACES), lists)
+
+
+def test_a_path_step_may_name_an_item_whose_name_holds_dots() -> None:
+    hooks = {"webhooks": [{"name": "mutate.gpushare.io", "timeoutSeconds": 5},
+                          {"name": "neutralise.gpushare.io", "timeoutSeconds": 2}]}
+    [(parent, key)] = model._fields(hooks, "webhooks[name=neutralise.gpushare.io].timeoutSeconds")
+    assert parent[key] == 2
 
 
 @pytest.mark.parametrize(("image", "parts"), [

@@ -4,17 +4,14 @@ from __future__ import annotations
 
 import copy
 import re
-from collections.abc import Mapping
 from typing import Any
 
-import celpy
 import pytest
 import yaml
-from celpy import celtypes
-from celpy.adapter import json_to_cel
 
 from contract import IDX, Contract
 from deviceplugin.apiserver import event_body
+from tests.harness.apiserver import policies
 from tests.harness.cases.plugin_cases import BINDINGS, PLUGIN_WRITES, binding
 from tests.harness.cases.selection_cases import CASES, FORMS, PLACES, Case, request
 from tests.harness.manifests.render import MANIFESTS
@@ -24,7 +21,6 @@ from webhook.envrules import DEVICE_ENV, ENV_SELECTING
 
 pytestmark = pytest.mark.timeout(120)
 
-ENV = celpy.Environment()
 Obj = dict[str, Any]
 
 
@@ -36,63 +32,14 @@ def policy(name: str) -> Obj:
     return next(d for d in documents() if d["kind"] == "ValidatingAdmissionPolicy" and d["metadata"]["name"] == name)
 
 
-def run(expression: str, activation: Mapping[str, Any]) -> Any:
-    result = ENV.program(ENV.compile(expression)).evaluate(dict(activation))
-    # An expression that errors denies the request (failurePolicy Fail): on every pod of the cluster.
-    assert not isinstance(result, Exception), f"{expression!r} failed: {result!r}"
-    return result
+def evaluate(name: str, *args: Any, **kwargs: Any) -> tuple[Obj, Obj] | None:
+    """The base's policy `name` as tests/harness/apiserver/policies.py evaluates it (in namespace ml)."""
+    return policies.evaluate(policy(name), *args, **kwargs)
 
 
-def _rule_matches(spec: Obj, operation: str, resource: str) -> bool:
-    def names(rule: Obj, item: str) -> bool:
-        return item in rule["resources"] or ("/" in item and f"{item.partition('/')[0]}/*" in rule["resources"])
-
-    return any(operation in rule["operations"] and names(rule, resource)
-               for rule in spec["matchConstraints"]["resourceRules"])
-
-
-def evaluate(name: str, operation: str, obj: Obj, old: Obj | None = None, *, user: str = USER,
-             subresource: str = "", node: str | None = None, resource: str = "pods") -> tuple[Obj, Obj] | None:
-    """None when the policy does not apply; else (its spec, the activation with every variable evaluated).
-
-    The request is built as kube-apiserver builds it for CEL (k8s.io/apiserver pkg/admission/plugin/cel,
-    CreateAdmissionRequest): empty fields such as subResource and userInfo.extra are absent, not empty.
-    """
-    spec = policy(name)["spec"]
-    if not _rule_matches(spec, operation, resource + (f"/{subresource}" if subresource else "")):
-        return None
-    user_info: dict[str, Any] = {"username": user, "groups": ["system:authenticated"]}
-    if node is not None:
-        user_info["extra"] = {"authentication.kubernetes.io/node-name": [node]}
-    request: dict[str, Any] = {"operation": operation, "userInfo": user_info,
-                               "name": (obj.get("metadata") or {}).get("name", ""),
-                               "resource": {"group": "", "version": "v1", "resource": resource}}
-    if resource not in ("nodes",):
-        request["namespace"] = "ml"
-    if subresource:
-        request["subResource"] = subresource
-    activation: dict[str, Any] = {"object": json_to_cel(obj), "oldObject": json_to_cel(old),
-                                  "request": json_to_cel(request)}
-    for condition in spec.get("matchConditions", []):
-        if not bool(run(condition["expression"], activation)):
-            return None
-    variables: dict[celtypes.StringType, Any] = {}
-    for variable in spec.get("variables", []):
-        activation["variables"] = celtypes.MapType(variables)
-        variables[celtypes.StringType(variable["name"])] = run(variable["expression"], activation)
-    activation["variables"] = celtypes.MapType(variables)
-    return spec, activation
-
-
-def admit(name: str, operation: str, obj: Obj, old: Obj | None = None, *, user: str = USER,
-          subresource: str = "", node: str | None = None, resource: str = "pods") -> list[str] | None:
+def admit(name: str, *args: Any, **kwargs: Any) -> list[str] | None:
     """None when the policy does not apply; else the messages of the validations that fail ([] = allowed)."""
-    evaluated = evaluate(name, operation, obj, old, user=user, subresource=subresource, node=node, resource=resource)
-    if evaluated is None:
-        return None
-    spec, activation = evaluated
-    return [str(run(v["messageExpression"], activation)) for v in spec["validations"]
-            if not bool(run(v["expression"], activation))]
+    return policies.admit(policy(name), *args, **kwargs)
 
 
 @pytest.mark.parametrize(("case", "spec", "fragments"), ATTACKS, ids=[a[0] for a in ATTACKS])
@@ -148,7 +95,7 @@ def test_container_env_policy_names_the_variables_the_webhook_names() -> None:
 
 
 def test_container_env_policy_leaves_out_the_namespaces_the_fail_open_entries_leave_out() -> None:
-    # GPU agents in kube-system select GPUs by env on purpose; gpushare-system runs the device plugin.
+    # The trusted namespaces (kube-system by default) select GPUs by env on purpose; gpushare-system runs the plugin.
     [selector] = policy("gpushare-container-env")["spec"]["matchConstraints"]["namespaceSelector"]["matchExpressions"]
     assert selector == {"key": "kubernetes.io/metadata.name", "operator": "NotIn",
                         "values": ["gpushare-system", "kube-system"]}

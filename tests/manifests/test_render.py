@@ -114,7 +114,8 @@ def test_webhook_configuration(
     target = service_port(objs, ref["port"])["targetPort"]
     spec = pod_spec(objs, "Deployment", SERVICE)
     assert container_port(container(spec, "webhook"), target) == 8443
-    # Ordinary pods in kube-system are not neutralised: GPU agents there select GPUs by env on purpose.
+    # Ordinary pods in the trusted namespaces (kube-system by default) are not neutralised: GPU agents there select
+    # GPUs by env on purpose.
     excluded = [NAMESPACE, "kube-system"] if policy == "Ignore" else [NAMESPACE]
     if name in EVERY_NAMESPACE:
         assert "namespaceSelector" not in hook

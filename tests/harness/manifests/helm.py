@@ -93,13 +93,15 @@ def kube_version_args() -> list[str]:
     return ["--kube-version", OLDEST_KUBERNETES]
 
 
-def template(values: Path | None = None, sets: Sequence[str] = ()) -> list[Obj]:
-    """The chart's objects, as `helm template` renders them (values file, then --set overrides)."""
+def template(values: Path | None = None, sets: Sequence[str] = (), set_json: Sequence[str] = ()) -> list[Obj]:
+    """The chart's objects, as `helm template` renders them (values file, then --set and --set-json overrides)."""
     args = ["template", RELEASE, str(CHART), *kube_version_args()]
     if values is not None:
         args += ["--values", str(values)]
     for item in sets:
         args += ["--set", item]
+    for item in set_json:
+        args += ["--set-json", item]
     done = run(args)
     if done.returncode != 0:
         raise AssertionError(f"helm {' '.join(args)} failed under helm {version()}: {done.stderr.strip()}")

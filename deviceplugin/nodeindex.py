@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from contract import pod_ref
-from deviceplugin.resolve import Offer, allocation_offer
+from deviceplugin.offers import Offer, allocation_offer
 from deviceplugin.trust import Context
 from deviceplugin.usage import Holder, holding_of
 

@@ -26,10 +26,11 @@ from deviceplugin.kubelet import KubeletUnavailable
 from deviceplugin.metrics import PluginMetrics
 from deviceplugin.nodeindex import NodeIndex
 from deviceplugin.nodeplace import NodePlacer
+from deviceplugin.offers import allocation_candidates
 from deviceplugin.owners import Holdings, Owners
 from deviceplugin.pins import Pin
 from deviceplugin.placement import preferred_devices
-from deviceplugin.resolve import Accepted, NeedsPlacement, Owner, allocation_candidates, slot_of, validate
+from deviceplugin.resolve import Accepted, NeedsPlacement, Owner, slot_of, validate
 from deviceplugin.settings import PluginSettings
 from deviceplugin.trust import Context
 from deviceplugin.usage import recorded_pin

@@ -39,6 +39,7 @@ PURE = [
     "webhook.settings",
     "certs.build",
     "deviceplugin.resolve",
+    "deviceplugin.offers",
     "deviceplugin.blame",
     "deviceplugin.trust",
     "deviceplugin.errors",

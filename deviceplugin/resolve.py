@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +24,7 @@ from contract import (
     read_annotations,
 )
 from contract.holding import terminating
+from deviceplugin.checkpoint import Entry, checkpoint_entries
 from deviceplugin.errors import Refusal
 from deviceplugin.inventory import Gpu
 from deviceplugin.pins import moved
@@ -96,27 +96,16 @@ def other_holders(holdings: Sequence[Holding], device_ids: Sequence[str], owner:
     return sorted(out)
 
 
-def holdings_from_checkpoint(text: str, resource: str) -> list[Holding]:
+def checkpoint_holdings(entries: Iterable[Entry]) -> list[Holding]:
     """Holdings from the kubelet's device-manager checkpoint (pod UIDs only, no names): every container, init
-    containers included. v1.34 writes `DeviceIDs` as a map of NUMA node ("-1": none) to IDs, older kubelets a
-    list (pkg/kubelet/cm/devicemanager/checkpoint/checkpoint.go, PodDevicesEntry)."""
-    try:
-        doc = json.loads(text)
-        entries = doc["Data"]["PodDeviceEntries"] or []
-    except (ValueError, TypeError, KeyError, RecursionError) as exc:
-        raise ValueError(f"the kubelet checkpoint is not the device manager's JSON ({exc!r})") from exc
-    if not isinstance(entries, list):
-        raise ValueError(f"the kubelet checkpoint's PodDeviceEntries is not a list ({type(entries).__name__})")
-    out: list[Holding] = []
-    for entry in entries:
-        if not isinstance(entry, dict) or entry.get("ResourceName") != resource:
-            continue
-        raw = entry.get("DeviceIDs")
-        groups = raw.values() if isinstance(raw, dict) else [raw]
-        ids = [str(d) for group in groups if isinstance(group, list) for d in group]
-        if ids:
-            out.append(Holding("", "", str(entry.get("ContainerName", "")), tuple(ids), str(entry.get("PodUID", ""))))
-    return out
+    containers included."""
+    return [Holding("", "", e.container, e.device_ids, e.pod_uid) for e in entries]
+
+
+def holdings_from_checkpoint(text: str, resource: str) -> list[Holding]:
+    """Holdings from the checkpoint's text (deviceplugin/checkpoint.py reads its layout); ValueError when it is not
+    the device manager's JSON."""
+    return checkpoint_holdings(checkpoint_entries(text, resource))
 
 
 def _short(device_ids: Sequence[str]) -> str:

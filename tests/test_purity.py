@@ -40,6 +40,7 @@ PURE = [
     "certs.build",
     "deviceplugin.resolve",
     "deviceplugin.offers",
+    "deviceplugin.checkpoint",
     "deviceplugin.blame",
     "deviceplugin.trust",
     "deviceplugin.errors",

@@ -56,6 +56,7 @@ class Service:
         self.context = Context(
             contract=settings.contract, node_name=settings.node_name, public_key=public_key,
             gpus={g.index: g for g in inventory.gpus}, healthy=inventory.healthy, placement=settings.placement,
+            checkpoint=kubelet.checkpoint,
         )
         self._answered: dict[str, float] = {}  # slot -> when Allocate last answered it; GC keeps its spec meanwhile
         self._handed: dict[str, int] = {}  # device ID -> the Allocate that last handed it out (a counter)

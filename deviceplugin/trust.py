@@ -12,6 +12,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from contract import Contract, Intent, ProtocolError, intent_mismatch, parse_intent, pod_ref, read_annotations, signing
 from contract.modes import Placement
+from deviceplugin.checkpoint import Checkpoint
 from deviceplugin.errors import Refusal
 from deviceplugin.inventory import Gpu
 from deviceplugin.pins import Pins
@@ -79,6 +80,9 @@ class Context:
     placement: Placement = "extender"
     pins: Pins = field(default_factory=Pins, compare=False)
     verdicts: Verdicts = field(default_factory=Verdicts, compare=False)
+    # The kubelet's device checkpoint as of now (the adapter reads it again when the kubelet rewrites it): what the
+    # pods of a previous device plugin hold, and what it gave them (deviceplugin/legacy.py).
+    checkpoint: Callable[[], Checkpoint] = field(default=Checkpoint, compare=False)
 
 
 def stamped_intent(pod: Mapping[str, Any], ctx: Context, who: str) -> Intent:

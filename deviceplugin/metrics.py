@@ -27,8 +27,9 @@ OUTCOMES = ("ok", "invalid_argument", "failed_precondition", "unavailable", "dea
 REASONS = (
     "GpuShareNoIntent", "GpuShareBadSignature", "GpuShareBadIntent", "GpuShareBadAssignment", "GpuShareNotPlaced",
     "GpuShareUnhealthy", "GpuShareMoved", "GpuShareNoRoom", "GpuShareNoEnv", "GpuShareCdiFailed",
-    "GpuShareUnknownDevices", "GpuSharePodGone", "GpuSharePodDeleting", "GpuShareNoCandidate", "GpuShareRefused",
-    "GpuShareInvalidRequest", "GpuShareUnavailable", "GpuShareTimeout", "GpuShareInternalError",
+    "GpuShareLegacyWrongGpu", "GpuShareUnknownDevices", "GpuSharePodGone", "GpuSharePodDeleting",
+    "GpuShareNoCandidate", "GpuShareRefused", "GpuShareInvalidRequest", "GpuShareUnavailable", "GpuShareTimeout",
+    "GpuShareInternalError",
 )
 BY_CODE = {
     "INVALID_ARGUMENT": "GpuShareInvalidRequest", "FAILED_PRECONDITION": "GpuShareRefused",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeAlias
 
 from contract import (
     ASSIGNED,
@@ -27,6 +27,7 @@ from contract.holding import terminating
 from deviceplugin.checkpoint import Entry, checkpoint_entries
 from deviceplugin.errors import Refusal
 from deviceplugin.inventory import Gpu
+from deviceplugin.legacy import LegacyAccepted, legacy_restart
 from deviceplugin.pins import moved
 from deviceplugin.room import deleting_refusal, room_refusal
 from deviceplugin.trust import Context, stamped_intent
@@ -179,12 +180,26 @@ def _recorded(
     return recorded
 
 
+# What validate answers: accept and deliver, place first (node placement), or let a previous plugin's answer stand.
+Verdict: TypeAlias = Accepted | NeedsPlacement | LegacyAccepted
+
+
+def _check_units(intent: Intent, containers: Sequence[str], units: int, ctx: Context, who: str) -> None:
+    unit = ctx.contract.unit
+    for name in containers:
+        if intent.units_of(name) != units:
+            raise Refusal(
+                f"{who}: container {name!r} holds {units} {unit} of devices but its intent asks for "
+                f"{intent.units_of(name)} {unit}; recreate the pod so the kubelet allocates it again"
+            )
+
+
 def validate(
     pod: Mapping[str, Any], containers: Sequence[str], device_ids: Sequence[str], ctx: Context,
     others: Sequence[Mapping[str, Any]], *, usage: Callable[[int, str], tuple[int, list[Holder]]] | None = None,
-) -> Accepted | NeedsPlacement:
+) -> Verdict:
     """Accept the pod holding these devices only if it is not being deleted, and its stamped, signed intent and its
-    assignment hold up.
+    assignment hold up; a pod without an intent, from before the webhook, only as deviceplugin/legacy.py says.
 
     The room on the GPU is judged over `others` (this node's pods), or asked of `usage(index, exclude_uid)` (the
     node index) when given."""
@@ -195,14 +210,10 @@ def validate(
         raise Refusal(f"{who} is bound to node {node!r}, not to this node {ctx.node_name!r}; restart the kubelet")
     if terminating(pod):
         raise deleting_refusal(who, ctx)
+    if ctx.contract.intent_key not in read_annotations(pod):
+        return legacy_restart(pod, containers, device_ids, ctx, who)  # a pod from before the webhook
     intent = stamped_intent(pod, ctx, who)
-    unit = ctx.contract.unit
-    for name in containers:
-        if intent.units_of(name) != len(device_ids):
-            raise Refusal(
-                f"{who}: container {name!r} holds {len(device_ids)} {unit} of devices but its intent asks for "
-                f"{intent.units_of(name)} {unit}; recreate the pod so the kubelet allocates it again"
-            )
+    _check_units(intent, containers, len(device_ids), ctx, who)
     annotations = read_annotations(pod)
     try:
         assignment = parse_assignment(annotations)

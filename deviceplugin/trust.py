@@ -85,17 +85,23 @@ class Context:
     checkpoint: Callable[[], Checkpoint] = field(default=Checkpoint, compare=False)
 
 
+def no_intent(who: str, key: str, why: str = "") -> str:
+    """Why a pod without an intent is not served: it predates the webhook (or the webhook did not see it)."""
+    return (
+        f"{who} has no {key} annotation: it was created before the gpushare webhook was installed, or where the "
+        f"webhook does not admit pods (check its namespaceSelector and failurePolicy){why}, so nothing tells which GPU "
+        "it was promised, and it must be recreated; delete the pod so that it is created again through the gpushare "
+        "webhook (its controller recreates it; create a bare pod again yourself)"
+    )
+
+
 def stamped_intent(pod: Mapping[str, Any], ctx: Context, who: str) -> Intent:
     """The pod's intent, only if the webhook's signature verifies and it describes the pod's spec."""
     annotations = read_annotations(pod)
     namespace = str((pod.get("metadata") or {}).get("namespace") or "")
     key, sig_key = ctx.contract.intent_key, ctx.contract.signature_key
     if key not in annotations:
-        raise Refusal(
-            f"{who} has no {key} annotation, so the gpushare webhook did not admit it; install the webhook "
-            "(check its namespaceSelector and failurePolicy) and recreate the pod",
-            reason="GpuShareNoIntent",
-        )
+        raise Refusal(no_intent(who, key), reason="GpuShareNoIntent")
     signature = annotations.get(sig_key, "")
     if not signature or not signing.verify(ctx.public_key, annotations[key], namespace, signature):
         raise Refusal(

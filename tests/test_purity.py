@@ -41,6 +41,7 @@ PURE = [
     "deviceplugin.resolve",
     "deviceplugin.offers",
     "deviceplugin.checkpoint",
+    "deviceplugin.legacy",
     "deviceplugin.blame",
     "deviceplugin.trust",
     "deviceplugin.errors",

@@ -1,5 +1,5 @@
-"""Pods of the previous device plugin (no intent): what they hold, on the GPU the kubelet's checkpoint shows; table
-tests over plain data."""
+"""Pods of the previous device plugin (no intent): what they hold, on the GPU the kubelet's checkpoint shows, and
+whether a container of theirs may start again; table tests over plain data."""
 
 from __future__ import annotations
 
@@ -9,10 +9,11 @@ from typing import Any
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from contract import Contract, signing
+from contract import IDX, Contract, signing
 from deviceplugin.checkpoint import Checkpoint, Entry
 from deviceplugin.errors import PluginError, Refusal
 from deviceplugin.inventory import Inventory
+from deviceplugin.legacy import LegacyAccepted
 from deviceplugin.metrics import units_by_gpu
 from deviceplugin.nodeindex import NodeIndex
 from deviceplugin.pins import Pin
@@ -215,3 +216,66 @@ def test_the_metrics_show_the_units_of_the_previous_plugin(
 ) -> None:
     ctx = ctx_for(inventory, signer, contract, gave("1"))
     assert units_by_gpu([old(), believed("new", 2, 1, contract, signer)], ctx) == {0: (0, 0, 0), 1: (8, 0, 6)}
+
+
+# -- a container of such a pod starting again ------------------------------------------------------------------
+
+
+def test_it_starts_again_on_its_recorded_gpu(inventory: Inventory, signer: Ed25519PrivateKey,
+                                             contract: Contract) -> None:
+    for visible in ("1", uuid_of(inventory, 1)):
+        verdict = validate(old(), ["main"], IDS, ctx_for(inventory, signer, contract, gave(visible)), [])
+        assert verdict == LegacyAccepted("team/old", inventory.gpus[1], ("main",))
+
+
+@pytest.mark.parametrize(
+    ("visible", "index", "reason", "fragment"),
+    [
+        ("0", 1, "GpuShareLegacyWrongGpu", "gave it NVIDIA_VISIBLE_DEVICES='0', GPU 0, but its ALIYUN_COM_GPU_MEM_IDX "
+                                           "annotation records GPU 1, where the scheduler extender counts it"),
+        ("no-gpu-has-8GiB-to-run", 1, "GpuShareLegacyWrongGpu",
+         "gave it NVIDIA_VISIBLE_DEVICES='no-gpu-has-8GiB-to-run', which names no single GPU of node node-a (it has "
+         "GPUs [0, 1])"),
+        (FOREIGN, 1, "GpuShareLegacyWrongGpu", f"gave it NVIDIA_VISIBLE_DEVICES='{FOREIGN}', which names no single"),
+        ("0,1", 0, "GpuShareLegacyWrongGpu", "which names no single GPU"),
+        ("1", None, "GpuShareLegacyWrongGpu", "GPU 1, but its ALIYUN_COM_GPU_MEM_IDX annotation records no GPU"),
+        ("1", "01", "GpuShareLegacyWrongGpu", "annotation records a value that is not a GPU index"),
+        (None, 1, "GpuShareNoIntent", "and the kubelet keeps no answer of a previous device plugin for this "
+                                      "container (it was not started before the switch)"),
+    ],
+)
+def test_it_is_refused_unless_the_checkpoint_names_its_recorded_gpu(
+    inventory: Inventory, signer: Ed25519PrivateKey, contract: Contract, visible: str | None, index: int | str | None,
+    reason: str, fragment: str,
+) -> None:
+    pod = old(index=index if isinstance(index, int) else None)
+    if isinstance(index, str):
+        pod["metadata"].setdefault("annotations", {})[IDX] = index
+    with pytest.raises(Refusal) as refused:
+        validate(pod, ["main"], IDS, ctx_for(inventory, signer, contract, gave(visible)), [])
+    message = refused.value.message
+    assert (refused.value.reason, fragment in message) == (reason, True), message
+    assert message.startswith("pod team/old (container 'main') ")
+    assert "delete the pod so that it is created again through the gpushare webhook" in message
+
+
+def test_what_else_refuses_it(inventory: Inventory, signer: Ed25519PrivateKey, contract: Contract) -> None:
+    def refusal(ctx: Context, pod: dict[str, Any] | None = None, ids: tuple[str, ...] = IDS) -> Refusal:
+        with pytest.raises(Refusal) as refused:
+            validate(pod or old(), ["main", "load"], ids, ctx, [])
+        return refused.value
+
+    unhealthy = refusal(ctx_for(inventory, signer, contract, gave("1"), healthy=False))
+    assert unhealthy.reason == "GpuShareUnhealthy" and "GPU 1, which is unhealthy" in unhealthy.message
+    # An init container and the app container that reuses its IDs, given two GPUs by the previous plugin.
+    two = refusal(ctx_for(inventory, signer, contract, gave("1"), gave("0", container="load")))
+    assert two.reason == "GpuShareLegacyWrongGpu" and "NVIDIA_VISIBLE_DEVICES='0' and NVIDIA_VISIBLE_DEVICES='1'" \
+        in two.message
+    assert refusal(ctx_for(inventory, signer, contract, gave("1")), ids=IDS[:3]).reason == "GpuShareNoIntent"
+    deleting = old()
+    deleting["metadata"]["deletionTimestamp"] = "2026-01-02T03:04:05Z"
+    assert refusal(ctx_for(inventory, signer, contract, gave("1")), deleting).reason == "GpuSharePodDeleting"
+    with pytest.raises(PluginError) as caught:
+        validate(old(), ["main"], IDS, ctx_for(inventory, signer, contract, problem="it is gone"), [])
+    assert caught.value.code == "UNAVAILABLE" and "the kubelet's device checkpoint cannot be read (it is gone)" in \
+        caught.value.message

@@ -10,10 +10,10 @@ class ProtocolError(ValueError):
     """An annotation or resource value that breaks the contract; the text names the key and the fix."""
 
 
-def shown(value: object) -> str:
+def shown(value: object, limit: int = 40) -> str:
     """A value for a message, cut short: a message must not repeat a 5000-digit number."""
     text = repr(value)
-    return text if len(text) <= 40 else text[:40] + "... (" + str(len(str(value))) + " characters)"
+    return text if len(text) <= limit else text[:limit] + "... (" + str(len(str(value))) + " characters)"
 
 
 def json_object(text: str, key: str) -> dict[str, Any]:

@@ -12,8 +12,9 @@ import grpc
 
 from deviceplugin import deadline
 from deviceplugin.api import deviceplugin_pb2, deviceplugin_pb2_grpc, podresources_pb2, podresources_pb2_grpc
+from deviceplugin.checkpoint import Checkpoint, checkpoint_entries
 from deviceplugin.dirwatch import EVERYTHING, DirWatch
-from deviceplugin.resolve import Holding, holdings_from_checkpoint
+from deviceplugin.resolve import Holding, checkpoint_holdings
 from deviceplugin.sockets import probe
 
 log = logging.getLogger(__name__)
@@ -67,12 +68,14 @@ class KubeletHoldings:
 
     def __init__(self, pod_resources_socket: str, checkpoint: str, resource: str, timeout: float) -> None:
         self.socket = pod_resources_socket
-        self.checkpoint = checkpoint
+        self.checkpoint_path = checkpoint
         self.resource = resource
         self.timeout = timeout
         self._channel: grpc.Channel | None = None
         self._lock = threading.Lock()
         self._get_supported = True  # until the kubelet says otherwise (per connection: it may be upgraded)
+        self._read_lock = threading.Lock()
+        self._read: tuple[tuple[int, int, int, int], Checkpoint] | None = None  # (file identity, what it held)
 
     def holdings(self) -> list[Holding]:
         try:
@@ -140,19 +143,37 @@ class KubeletHoldings:
         return self._of(response.pod_resources)
 
     def from_checkpoint(self) -> list[Holding]:
+        read = self.checkpoint()
+        if read.problem:
+            raise KubeletUnavailable(read.problem)
+        return checkpoint_holdings(read.entries)
+
+    def checkpoint(self) -> Checkpoint:
+        """The checkpoint as the kubelet last wrote it, parsed again only when the file is another one: the kubelet
+        writes a temporary file and renames it over the checkpoint (pkg/kubelet/util/store/filestore.go, writeFile),
+        so every write is a new inode."""
         try:
-            with open(self.checkpoint, "rb") as handle:
-                data = handle.read()
+            st = os.stat(self.checkpoint_path)
         except OSError as exc:
-            raise KubeletUnavailable(f"the kubelet checkpoint {self.checkpoint} cannot be read ({exc})") from exc
+            return Checkpoint(problem=f"the kubelet checkpoint {self.checkpoint_path} cannot be read ({exc})")
+        identity = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        with self._read_lock:
+            if self._read is None or self._read[0] != identity:
+                self._read = (identity, self._parse())  # read after the stat: never older than its identity
+            return self._read[1]
+
+    def _parse(self) -> Checkpoint:
+        path = self.checkpoint_path
         try:
-            text = data.decode("utf-8")
+            with open(path, "rb") as handle:
+                text = handle.read().decode("utf-8")
+            return Checkpoint(tuple(checkpoint_entries(text, self.resource)))
+        except OSError as exc:
+            return Checkpoint(problem=f"the kubelet checkpoint {path} cannot be read ({exc})")
         except UnicodeDecodeError as exc:
-            raise KubeletUnavailable(f"the kubelet checkpoint {self.checkpoint} is not UTF-8 text ({exc})") from exc
-        try:
-            return holdings_from_checkpoint(text, self.resource)
+            return Checkpoint(problem=f"the kubelet checkpoint {path} is not UTF-8 text ({exc})")
         except ValueError as exc:
-            raise KubeletUnavailable(str(exc)) from exc
+            return Checkpoint(problem=str(exc))
 
     def close(self) -> None:
         with self._lock:

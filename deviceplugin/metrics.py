@@ -13,6 +13,7 @@ from prometheus_client.registry import Collector
 from common.metricsserver import MetricsServer as Listener
 from common.settings import SettingsError
 from deviceplugin.apiserver import ApiServer, ApiServerError, Conflict, PodListener
+from deviceplugin.errors import PluginError
 from deviceplugin.inventory import Inventory
 from deviceplugin.trust import Context
 from deviceplugin.usage import holding_of, node_usage, recorded_pin
@@ -26,8 +27,9 @@ OUTCOMES = ("ok", "invalid_argument", "failed_precondition", "unavailable", "dea
 REASONS = (
     "GpuShareNoIntent", "GpuShareBadSignature", "GpuShareBadIntent", "GpuShareBadAssignment", "GpuShareNotPlaced",
     "GpuShareUnhealthy", "GpuShareMoved", "GpuShareNoRoom", "GpuShareNoEnv", "GpuShareCdiFailed",
-    "GpuShareUnknownDevices", "GpuSharePodGone", "GpuSharePodDeleting", "GpuShareNoCandidate", "GpuShareRefused",
-    "GpuShareInvalidRequest", "GpuShareUnavailable", "GpuShareTimeout", "GpuShareInternalError",
+    "GpuShareLegacyWrongGpu", "GpuShareUnknownDevices", "GpuSharePodGone", "GpuSharePodDeleting",
+    "GpuShareNoCandidate", "GpuShareRefused", "GpuShareInvalidRequest", "GpuShareUnavailable", "GpuShareTimeout",
+    "GpuShareInternalError",
 )
 BY_CODE = {
     "INVALID_ARGUMENT": "GpuShareInvalidRequest", "FAILED_PRECONDITION": "GpuShareRefused",
@@ -85,9 +87,10 @@ class PluginMetrics:
         self.registry.register(NodeCollector(inventory, context, pods, self))
 
 
-def units_by_gpu(pods: Sequence[Mapping[str, Any]], ctx: Context) -> dict[int, tuple[int, int]]:
-    """GPU index -> (units promised to believed pods placed on it, units of those with an allocation record); a pod
-    being deleted counts only while a GPU-share container of it may run (deviceplugin/usage.py)."""
+def units_by_gpu(pods: Sequence[Mapping[str, Any]], ctx: Context) -> dict[int, tuple[int, int, int]]:
+    """GPU index -> (units promised on it, units of believed pods with an allocation record there, units held there
+    by pods of a previous device plugin, as the kubelet's checkpoint shows them); a pod being deleted counts only
+    while a GPU-share container of it may run (deviceplugin/usage.py)."""
     usage = node_usage(pods, ctx)
     allocated: dict[int, int] = {}
     for pod in pods:
@@ -95,7 +98,8 @@ def units_by_gpu(pods: Sequence[Mapping[str, Any]], ctx: Context) -> dict[int, t
         held = holding_of(pod, str((pod.get("metadata") or {}).get("uid") or ""), ctx) if pin is not None else None
         if pin is not None and held is not None:
             allocated[pin.index] = allocated.get(pin.index, 0) + held[1].units
-    return {index: (usage.on(index)[0], allocated.get(index, 0)) for index in ctx.gpus}
+    return {index: (usage.on(index)[0], allocated.get(index, 0),
+                    sum(h.units for h in usage.on(index)[1] if h.legacy)) for index in ctx.gpus}
 
 
 class NodeCollector(Collector):
@@ -121,18 +125,23 @@ class NodeCollector(Collector):
         yield healthy
         try:
             units = units_by_gpu(self.pods(), self.ctx)
-        except ApiServerError as exc:
+        except (ApiServerError, PluginError) as exc:
             log.info("The per-GPU unit metrics are left out of this scrape: %s.", exc)
             return
         promised = GaugeMetricFamily("gpushare_deviceplugin_gpu_units_promised", "Units promised on the GPU to "
-                                     "pods the plugin believes (placed there, allocated or not).", labels=labels)
+                                     "pods the plugin believes (placed there, allocated or not), and held there by "
+                                     "pods of a previous device plugin.", labels=labels)
         allocated = GaugeMetricFamily("gpushare_deviceplugin_gpu_units_allocated", "Units of the pods whose "
                                       "allocation on the GPU the plugin has recorded.", labels=labels)
+        legacy = GaugeMetricFamily("gpushare_deviceplugin_gpu_units_legacy", "Units held on the GPU by pods from "
+                                   "before the gpushare webhook, where the kubelet's checkpoint shows a previous "
+                                   "device plugin put them (0 on every GPU: the migration is over).", labels=labels)
         for gpu in self.inventory.gpus:
-            promised.add_metric([str(gpu.index), gpu.uuid], units[gpu.index][0])
-            allocated.add_metric([str(gpu.index), gpu.uuid], units[gpu.index][1])
+            for family, value in zip((promised, allocated, legacy), units[gpu.index], strict=True):
+                family.add_metric([str(gpu.index), gpu.uuid], value)
         yield promised
         yield allocated
+        yield legacy
 
 
 class MeteredApiServer:

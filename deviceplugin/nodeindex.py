@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from contract import pod_ref
-from deviceplugin.resolve import Offer, allocation_offer
+from deviceplugin.offers import Offer, allocation_offer
 from deviceplugin.trust import Context
-from deviceplugin.usage import Holder, holding_of
+from deviceplugin.usage import Holder, holding_of, legacy_candidate, legacy_usage
 
 
 @dataclass(frozen=True)
@@ -26,7 +26,9 @@ class _Entry:
 
 class NodeIndex:
     """Per pod version (UID and resourceVersion): its verified Allocate offer; per device size: the pods with a
-    container still waiting for devices; per slot: the pods holding it; per GPU: the units believed pods hold.
+    container still waiting for devices; per slot: the pods holding it; per GPU: the units believed pods hold; and
+    the pods not believed that may hold units from a previous device plugin, which the kubelet's checkpoint (read
+    again only when the kubelet rewrites it) places at each call.
 
     The signature of a pod is checked once per version, when the watch delivers it (ctx.verdicts), never per call.
     Every change of a pod is a new version, so its deletionTimestamp and each container's new state count it again
@@ -43,6 +45,7 @@ class NodeIndex:
         self._holding: dict[tuple[int, str], dict[str, None]] = {}  # (units, slot) -> pods holding it
         self._on_gpu: dict[int, dict[str, Holder]] = {}  # GPU index -> pod uid -> what it holds there
         self._counted: dict[str, int] = {}  # pod uid -> the GPU index it is counted on
+        self._legacy: dict[str, Mapping[str, Any]] = {}  # pod uid -> a pod counted from the checkpoint
 
     # -- fed by the watch ------------------------------------------------------------------------------
 
@@ -75,6 +78,7 @@ class NodeIndex:
             return
         offer = allocation_offer(pod, self.ctx)  # outside the lock: it may check a signature
         held = holding_of(pod, uid, self.ctx)
+        legacy = held is None and legacy_candidate(pod, self.ctx)
         entry = _Entry(version, str(meta.get("namespace") or ""), str(meta.get("name") or ""), pod_ref(pod), pod,
                        offer if isinstance(offer, Offer) else None)
         with self._lock:
@@ -85,6 +89,8 @@ class NodeIndex:
                     (units, slot), {})
                 table[uid] = None
             self._count(uid, held)
+            if legacy:
+                self._legacy[uid] = pod
 
     def remove(self, uid: str) -> None:
         with self._lock:
@@ -118,7 +124,9 @@ class NodeIndex:
         """Units promised on GPU `index` and to whom, the pod `exclude_uid` left out."""
         with self._lock:
             holders = [h for uid, h in self._on_gpu.get(index, {}).items() if uid != exclude_uid]
-            return sum(h.units for h in holders), holders
+            legacy = {uid: pod for uid, pod in self._legacy.items() if uid != exclude_uid}
+        holders += legacy_usage(legacy, self.ctx).get(index, [])  # outside the lock: it may read the checkpoint
+        return sum(h.units for h in holders), holders
 
     def name_of(self, uid: str) -> tuple[str, str] | None:
         """(namespace, name) of the pod with this UID, if it is on this node."""
@@ -141,6 +149,7 @@ class NodeIndex:
                 if not members:
                     del table[key]
         self._uncount(uid)
+        self._legacy.pop(uid, None)
 
     def _count(self, uid: str, held: tuple[int, Holder] | None) -> None:
         if held is not None:  # the pin first, else IDX; believed pods only

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from deviceplugin.apiserver import ApiServer, ApiServerError
+from deviceplugin.checkpoint import Checkpoint
 from deviceplugin.errors import PluginError, Refusal
 from deviceplugin.kubelet import KubeletUnavailable
 from deviceplugin.nodeindex import NodeIndex
@@ -25,6 +26,8 @@ class Holdings(Protocol):
     def from_checkpoint(self) -> list[Holding]: ...  # every container, init containers included
 
     def pod_holdings(self, namespace: str, name: str) -> list[Holding] | None: ...  # PodResources Get; None: no Get
+
+    def checkpoint(self) -> Checkpoint: ...  # the checkpoint with each container's stored answer, or why it is unread
 
 
 def refused(refusal: Refusal) -> PluginError:

@@ -1,12 +1,11 @@
-"""Exact resolution of device IDs to the pod that holds them, validation of that pod, and Allocate candidates."""
+"""Exact resolution of device IDs to the pod that holds them, and validation of that pod (pure)."""
 
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeAlias
 
 from contract import (
     ASSIGNED,
@@ -19,19 +18,20 @@ from contract import (
     ProtocolError,
     allocation_problems,
     assignment_problems,
-    demand_of,
     parse_allocation,
     parse_assignment,
     pod_ref,
     read_annotations,
 )
 from contract.holding import terminating
+from deviceplugin.checkpoint import Entry, checkpoint_entries
 from deviceplugin.errors import Refusal
 from deviceplugin.inventory import Gpu
+from deviceplugin.legacy import LegacyAccepted, legacy_restart
 from deviceplugin.pins import moved
 from deviceplugin.room import deleting_refusal, room_refusal
 from deviceplugin.trust import Context, stamped_intent
-from deviceplugin.usage import Holder, live_on_node, node_usage
+from deviceplugin.usage import Holder, node_usage
 
 
 def slot_of(device_ids: Iterable[str]) -> str:
@@ -97,27 +97,16 @@ def other_holders(holdings: Sequence[Holding], device_ids: Sequence[str], owner:
     return sorted(out)
 
 
-def holdings_from_checkpoint(text: str, resource: str) -> list[Holding]:
+def checkpoint_holdings(entries: Iterable[Entry]) -> list[Holding]:
     """Holdings from the kubelet's device-manager checkpoint (pod UIDs only, no names): every container, init
-    containers included. v1.34 writes `DeviceIDs` as a map of NUMA node ("-1": none) to IDs, older kubelets a
-    list (pkg/kubelet/cm/devicemanager/checkpoint/checkpoint.go, PodDevicesEntry)."""
-    try:
-        doc = json.loads(text)
-        entries = doc["Data"]["PodDeviceEntries"] or []
-    except (ValueError, TypeError, KeyError, RecursionError) as exc:
-        raise ValueError(f"the kubelet checkpoint is not the device manager's JSON ({exc!r})") from exc
-    if not isinstance(entries, list):
-        raise ValueError(f"the kubelet checkpoint's PodDeviceEntries is not a list ({type(entries).__name__})")
-    out: list[Holding] = []
-    for entry in entries:
-        if not isinstance(entry, dict) or entry.get("ResourceName") != resource:
-            continue
-        raw = entry.get("DeviceIDs")
-        groups = raw.values() if isinstance(raw, dict) else [raw]
-        ids = [str(d) for group in groups if isinstance(group, list) for d in group]
-        if ids:
-            out.append(Holding("", "", str(entry.get("ContainerName", "")), tuple(ids), str(entry.get("PodUID", ""))))
-    return out
+    containers included."""
+    return [Holding("", "", e.container, e.device_ids, e.pod_uid) for e in entries]
+
+
+def holdings_from_checkpoint(text: str, resource: str) -> list[Holding]:
+    """Holdings from the checkpoint's text (deviceplugin/checkpoint.py reads its layout); ValueError when it is not
+    the device manager's JSON."""
+    return checkpoint_holdings(checkpoint_entries(text, resource))
 
 
 def _short(device_ids: Sequence[str]) -> str:
@@ -191,12 +180,26 @@ def _recorded(
     return recorded
 
 
+# What validate answers: accept and deliver, place first (node placement), or let a previous plugin's answer stand.
+Verdict: TypeAlias = Accepted | NeedsPlacement | LegacyAccepted
+
+
+def _check_units(intent: Intent, containers: Sequence[str], units: int, ctx: Context, who: str) -> None:
+    unit = ctx.contract.unit
+    for name in containers:
+        if intent.units_of(name) != units:
+            raise Refusal(
+                f"{who}: container {name!r} holds {units} {unit} of devices but its intent asks for "
+                f"{intent.units_of(name)} {unit}; recreate the pod so the kubelet allocates it again"
+            )
+
+
 def validate(
     pod: Mapping[str, Any], containers: Sequence[str], device_ids: Sequence[str], ctx: Context,
     others: Sequence[Mapping[str, Any]], *, usage: Callable[[int, str], tuple[int, list[Holder]]] | None = None,
-) -> Accepted | NeedsPlacement:
+) -> Verdict:
     """Accept the pod holding these devices only if it is not being deleted, and its stamped, signed intent and its
-    assignment hold up.
+    assignment hold up; a pod without an intent, from before the webhook, only as deviceplugin/legacy.py says.
 
     The room on the GPU is judged over `others` (this node's pods), or asked of `usage(index, exclude_uid)` (the
     node index) when given."""
@@ -207,14 +210,10 @@ def validate(
         raise Refusal(f"{who} is bound to node {node!r}, not to this node {ctx.node_name!r}; restart the kubelet")
     if terminating(pod):
         raise deleting_refusal(who, ctx)
+    if ctx.contract.intent_key not in read_annotations(pod):
+        return legacy_restart(pod, containers, device_ids, ctx, who)  # a pod from before the webhook
     intent = stamped_intent(pod, ctx, who)
-    unit = ctx.contract.unit
-    for name in containers:
-        if intent.units_of(name) != len(device_ids):
-            raise Refusal(
-                f"{who}: container {name!r} holds {len(device_ids)} {unit} of devices but its intent asks for "
-                f"{intent.units_of(name)} {unit}; recreate the pod so the kubelet allocates it again"
-            )
+    _check_units(intent, containers, len(device_ids), ctx, who)
     annotations = read_annotations(pod)
     try:
         assignment = parse_assignment(annotations)
@@ -260,71 +259,3 @@ def validate(
     if assignment.assigned is not True:
         patch[ASSIGNED] = "true"
     return Accepted(ref, intent, gpu, slot, allocation, patch)
-
-
-@dataclass(frozen=True)
-class Offer:
-    """A validated pod's containers as Allocate sees them: (units, slot it already holds or None) for each."""
-
-    ref: str
-    containers: tuple[tuple[int, str | None], ...]
-
-    def takes(self, units: int, slot: str) -> bool:
-        """A container asks for exactly `units` and holds no devices yet (or holds this very slot)."""
-        return any(u == units and held in (None, slot) for u, held in self.containers)
-
-
-def allocation_offer(pod: Mapping[str, Any], ctx: Context) -> Offer | str | None:
-    """What a live pod on this node offers Allocate, a note on why a GPU-share pod does not qualify, or None
-    for a pod that is not a live GPU-share pod of this node."""
-    if not live_on_node(pod, ctx.node_name):
-        return None
-    ref = pod_ref(pod)
-    try:
-        if not demand_of(pod, ctx.contract.resource).wants_gpu:
-            return None
-    except ProtocolError:
-        return None
-    verdict = ctx.verdicts.intent(pod, ctx)  # checked once per pod version
-    if isinstance(verdict, Refusal):
-        return str(verdict)
-    annotations = read_annotations(pod)
-    try:
-        assignment = parse_assignment(annotations)
-    except ProtocolError as exc:
-        return str(exc)
-    if assignment.index is None and ctx.placement != "node":
-        return f"pod {ref} has no {IDX} annotation (is the scheduler extender configured?)"
-    recorded: Mapping[str, ContainerSlot] = {}
-    key = ctx.contract.allocation_key
-    if key in annotations:
-        try:
-            recorded = parse_allocation(annotations[key], key).containers
-        except ProtocolError as exc:
-            return f"pod {ref}: {exc}"
-    names = [*verdict.containers, *verdict.init_containers]
-    held = {n: recorded[n].slot if n in recorded else None for n in names}
-    return Offer(ref, tuple((verdict.units_of(n), held[n]) for n in names if verdict.units_of(n)))
-
-
-def allocation_candidates(
-    pods: Sequence[Mapping[str, Any]], units: int, slot: str, ctx: Context
-) -> tuple[list[str], list[str]]:
-    """Pods on this node with a validated container that asks for exactly `units` and holds no devices yet
-    (or holds this very slot: the kubelet may ask again); and notes on the pods that came close."""
-    found: list[str] = []
-    notes: list[str] = []
-    for pod in pods:
-        try:
-            demand = demand_of(pod, ctx.contract.resource)
-        except ProtocolError:
-            continue
-        if units not in [u for _, u in demand.containers] + [i.units for i in demand.init_containers]:
-            continue  # a pod of another size is neither a candidate nor worth a note
-        offer = allocation_offer(pod, ctx)
-        if isinstance(offer, str):
-            notes.append(offer)
-        elif offer is not None and offer.takes(units, slot):
-            found.append(offer.ref)
-            break  # one is enough: the check only proves the devices go to some validated pod
-    return found, notes

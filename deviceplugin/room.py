@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from contract import IDX
 from deviceplugin.errors import Refusal
 from deviceplugin.inventory import Gpu
 from deviceplugin.trust import Context
@@ -57,9 +58,13 @@ def room_refusal(who: str, need: int, gpu: Gpu, holders: Sequence[Holder], ctx: 
     later = (f"; even once {names}, being deleted, {'have' if several else 'has'} stopped, {used - leaving} {unit} "
              "stay promised") if leaving else ""
     if ctx.placement == "extender":
+        started = [str(h) for h in holders if h.legacy][:3]
+        legacy = (f"; or pods the previous device plugin started on another GPU than their {IDX} names, which it "
+                  "counts there and this plugin counts where the kubelet's checkpoint shows them, such as "
+                  f"{', '.join(started)}" if started else "")
         cause = ("the scheduler extender counted less on this GPU when it placed the pod (more than one extender "
                  "replica placing pods at once, or pods whose init containers or sidecars ask for more than their app "
-                 "containers, which it does not count, lead to that)")
+                 f"containers, which it does not count, lead to that{legacy})")
     else:
         cause = f"this node's plugin placed the pod on GPU {gpu.index} before those pods were counted there"
     return Refusal(

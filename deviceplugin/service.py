@@ -23,13 +23,15 @@ from deviceplugin.eventqueue import EventQueue
 from deviceplugin.events import EventRecorder, TokenBuckets
 from deviceplugin.inventory import Inventory
 from deviceplugin.kubelet import KubeletUnavailable
+from deviceplugin.legacy import LegacyAccepted
 from deviceplugin.metrics import PluginMetrics
 from deviceplugin.nodeindex import NodeIndex
 from deviceplugin.nodeplace import NodePlacer
+from deviceplugin.offers import allocation_candidates
 from deviceplugin.owners import Holdings, Owners
 from deviceplugin.pins import Pin
 from deviceplugin.placement import preferred_devices
-from deviceplugin.resolve import Accepted, NeedsPlacement, Owner, allocation_candidates, slot_of, validate
+from deviceplugin.resolve import Accepted, NeedsPlacement, Owner, Verdict, slot_of, validate
 from deviceplugin.settings import PluginSettings
 from deviceplugin.trust import Context
 from deviceplugin.usage import recorded_pin
@@ -55,6 +57,7 @@ class Service:
         self.context = Context(
             contract=settings.contract, node_name=settings.node_name, public_key=public_key,
             gpus={g.index: g for g in inventory.gpus}, healthy=inventory.healthy, placement=settings.placement,
+            checkpoint=kubelet.checkpoint,
         )
         self._answered: dict[str, float] = {}  # slot -> when Allocate last answered it; GC keeps its spec meanwhile
         self._handed: dict[str, int] = {}  # device ID -> the Allocate that last handed it out (a counter)
@@ -180,12 +183,12 @@ class Service:
 
     # -- PreStartContainer -------------------------------------------------------------------------------
 
-    def prestart(self, device_ids: Sequence[str]) -> Accepted:
+    def prestart(self, device_ids: Sequence[str]) -> Accepted | LegacyAccepted:
         """Resolve the exact pod holding these devices, validate it, deliver its GPU and record it."""
         with self._unattributed("PreStartContainer"):
             return self._prestart(device_ids)
 
-    def _prestart(self, device_ids: Sequence[str]) -> Accepted:
+    def _prestart(self, device_ids: Sequence[str]) -> Accepted | LegacyAccepted:
         self._check_known(device_ids, "PreStartContainer")
         owner = self.owners.owner(device_ids)
         for _ in range(_PATCH_ATTEMPTS):
@@ -195,12 +198,14 @@ class Service:
                 if isinstance(verdict, NeedsPlacement):
                     self.placer.place(pod, verdict.intent)
                     continue
-                self._deliver(pod, owner, verdict, len(device_ids))
-                if verdict.patch:
-                    self._record(pod, verdict)
+                if isinstance(verdict, Accepted):  # else a pod of the previous plugin: it gets its kept answer
+                    self._deliver(pod, owner, verdict, len(device_ids))
+                    if verdict.patch:
+                        self._record(pod, verdict)
                 self._pin(str(pod["metadata"].get("uid")), Pin(verdict.gpu.index, verdict.gpu.uuid))
-                log.info("PreStartContainer: pod %s container(s) %s get GPU %s (slot %s)",
-                         verdict.ref, ",".join(owner.containers), verdict.gpu.index, verdict.slot)
+                how = f"slot {verdict.slot}" if isinstance(verdict, Accepted) else "the previous device plugin's answer"
+                log.info("PreStartContainer: pod %s container(s) %s get GPU %s (%s)",
+                         verdict.ref, ",".join(owner.containers), verdict.gpu.index, how)
                 return verdict
             except Conflict:
                 continue  # the pod changed since we read it: read it again and decide again
@@ -219,7 +224,7 @@ class Service:
             "retries the container start",
         )
 
-    def _validate(self, pod: Mapping[str, Any], owner: Owner, device_ids: Sequence[str]) -> Accepted | NeedsPlacement:
+    def _validate(self, pod: Mapping[str, Any], owner: Owner, device_ids: Sequence[str]) -> Verdict:
         try:
             if self.index.synced:
                 return validate(pod, owner.containers, device_ids, self.context, (), usage=self.index.usage_on)

@@ -12,6 +12,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from contract import Contract, Intent, ProtocolError, intent_mismatch, parse_intent, pod_ref, read_annotations, signing
 from contract.modes import Placement
+from deviceplugin.checkpoint import Checkpoint
 from deviceplugin.errors import Refusal
 from deviceplugin.inventory import Gpu
 from deviceplugin.pins import Pins
@@ -79,6 +80,19 @@ class Context:
     placement: Placement = "extender"
     pins: Pins = field(default_factory=Pins, compare=False)
     verdicts: Verdicts = field(default_factory=Verdicts, compare=False)
+    # The kubelet's device checkpoint as of now (the adapter reads it again when the kubelet rewrites it): what the
+    # pods of a previous device plugin hold, and what it gave them (deviceplugin/legacy.py).
+    checkpoint: Callable[[], Checkpoint] = field(default=Checkpoint, compare=False)
+
+
+def no_intent(who: str, key: str, why: str = "") -> str:
+    """Why a pod without an intent is not served: it predates the webhook (or the webhook did not see it)."""
+    return (
+        f"{who} has no {key} annotation: it was created before the gpushare webhook was installed, or where the "
+        f"webhook does not admit pods (check its namespaceSelector and failurePolicy){why}, so nothing tells which GPU "
+        "it was promised, and it must be recreated; delete the pod so that it is created again through the gpushare "
+        "webhook (its controller recreates it; create a bare pod again yourself)"
+    )
 
 
 def stamped_intent(pod: Mapping[str, Any], ctx: Context, who: str) -> Intent:
@@ -87,11 +101,7 @@ def stamped_intent(pod: Mapping[str, Any], ctx: Context, who: str) -> Intent:
     namespace = str((pod.get("metadata") or {}).get("namespace") or "")
     key, sig_key = ctx.contract.intent_key, ctx.contract.signature_key
     if key not in annotations:
-        raise Refusal(
-            f"{who} has no {key} annotation, so the gpushare webhook did not admit it; install the webhook "
-            "(check its namespaceSelector and failurePolicy) and recreate the pod",
-            reason="GpuShareNoIntent",
-        )
+        raise Refusal(no_intent(who, key), reason="GpuShareNoIntent")
     signature = annotations.get(sig_key, "")
     if not signature or not signing.verify(ctx.public_key, annotations[key], namespace, signature):
         raise Refusal(

@@ -1,5 +1,6 @@
-"""What this node's GPUs already carry: believed pods only, each on the GPU it is pinned to, and a pod being deleted
-only while a GPU-share container of it may still run (pure)."""
+"""What this node's GPUs already carry: believed pods, each on the GPU it is pinned to, and the pods of a previous
+device plugin where the kubelet's checkpoint shows it put them; a pod being deleted only while a GPU-share container
+of it may still run (pure)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from contract import IDX, Intent, ProtocolError, parse_allocation, parse_assignment, pod_ref, read_annotations
+from contract.demand import demand_of
 from contract.holding import finished, still_running, terminating
-from deviceplugin.errors import Refusal
+from deviceplugin.checkpoint import visible_gpu
+from deviceplugin.errors import PluginError, Refusal
 from deviceplugin.pins import Pin
 from deviceplugin.trust import Context
 
@@ -21,11 +24,13 @@ def live_on_node(pod: Mapping[str, Any], node_name: str) -> bool:
 @dataclass(frozen=True)
 class Holder:
     """A pod holding units on a GPU; `leaving`: it is being deleted while a GPU-share container of it may still
-    run, so its units come free by themselves once it stops (within its termination grace period)."""
+    run, so its units come free by themselves once it stops (within its termination grace period); `legacy`: a pod
+    the plugin does not believe, counted from the kubelet's checkpoint (a pod of the previous device plugin)."""
 
     ref: str
     units: int
     leaving: bool = False
+    legacy: bool = False
 
     def __str__(self) -> str:
         return f"{self.ref} ({self.units})"
@@ -39,22 +44,85 @@ class Usage:
     def on(self, index: int) -> tuple[int, list[Holder]]:
         return self.used.get(index, 0), self.holders.get(index, [])
 
+    def add(self, index: int, holder: Holder) -> None:
+        self.used[index] = self.used.get(index, 0) + holder.units
+        self.holders.setdefault(index, []).append(holder)
+
 
 def node_usage(pods: Sequence[Mapping[str, Any]], ctx: Context, exclude_uid: str = "") -> Usage:
-    """The units each GPU of this node carries. Only a pod whose intent the webhook signed counts, for its signed
-    total, so annotations forged onto any other pod (a status update can write them) block no GPU; a pod that
-    cannot be read is left out and reported once in the log, so it fails no other pod's start."""
+    """The units each GPU of this node carries. A pod whose intent the webhook signed counts for its signed total,
+    so annotations forged onto any other pod (a status update can write them) block no GPU; a pod that cannot be
+    read is left out and reported once in the log, so it fails no other pod's start. Any other pod counts only for
+    what the kubelet's checkpoint shows a previous device plugin gave it (legacy_usage)."""
     usage = Usage()
+    candidates: dict[str, Mapping[str, Any]] = {}
     for pod in pods:
         uid = str((pod.get("metadata") or {}).get("uid") or "")
         if exclude_uid and uid == exclude_uid:
             continue
         held = holding_of(pod, uid, ctx)
         if held is not None:
-            index, holder = held
-            usage.used[index] = usage.used.get(index, 0) + holder.units
-            usage.holders.setdefault(index, []).append(holder)
+            usage.add(*held)
+        elif uid and legacy_candidate(pod, ctx):
+            candidates[uid] = pod
+    for index, holders in legacy_usage(candidates, ctx).items():
+        for holder in holders:
+            usage.add(index, holder)
     return usage
+
+
+def legacy_candidate(pod: Mapping[str, Any], ctx: Context) -> bool:
+    """A live pod of this node asking for our resource that the plugin does not believe: created before the webhook
+    (no intent), or with an intent that does not hold up. What it holds comes from the kubelet's checkpoint only."""
+    if not live_on_node(pod, ctx.node_name) or not _wants_gpu(pod, ctx):
+        return False
+    return isinstance(ctx.verdicts.intent(pod, ctx), Refusal)
+
+
+def _wants_gpu(pod: Mapping[str, Any], ctx: Context) -> bool:
+    try:
+        return demand_of(pod, ctx.contract.resource).wants_gpu
+    except ProtocolError:
+        return True  # a spec the API server would have refused: the checkpoint tells whether it holds devices
+
+
+def legacy_usage(candidates: Mapping[str, Mapping[str, Any]], ctx: Context) -> dict[int, list[Holder]]:
+    """GPU index -> what the `candidates` (pod UID -> pod, legacy_candidate) hold there: for each pod, the device IDs
+    the kubelet allocated its containers whose stored Allocate answer names that GPU (deviceplugin/checkpoint.py).
+
+    Only the kubelet writes its checkpoint, from the answers of a device plugin on this node, so the GPU and the
+    units are what the containers really got, whatever the pod's annotations say. A pod being deleted counts only
+    while one of those containers may still run (contract/holding.py): its status shows it running, or this plugin
+    let it start again (the pod is pinned) and its status does not show it terminated yet. When the checkpoint
+    cannot be read while there are candidates, the room on the GPUs is not known: the call is answered UNAVAILABLE
+    (the kubelet retries the start), never with a guess."""
+    if not candidates:
+        return {}
+    checkpoint = ctx.checkpoint()
+    if checkpoint.problem:
+        refs = ", ".join(sorted(pod_ref(p) for p in candidates.values())[:3])
+        raise PluginError(
+            "UNAVAILABLE",
+            f"the kubelet's device checkpoint cannot be read ({checkpoint.problem}), and pods of node "
+            f"{ctx.node_name} that the gpushare webhook did not admit ({refs}) may hold GPU memory that only the "
+            "checkpoint shows (pods started by a previous device plugin), so the room on the GPUs is not known; "
+            "mount /var/lib/kubelet/device-plugins into the plugin and check GPUSHARE_KUBELET_CHECKPOINT",
+        )
+    ids: dict[tuple[str, int], set[str]] = {}  # (pod UID, GPU index) -> the device IDs held there
+    containers: dict[str, list[str]] = {}  # pod UID -> its containers whose answer names a GPU
+    for entry in checkpoint.entries:
+        gpu = visible_gpu(entry.visible, ctx.gpus) if entry.pod_uid in candidates and entry.visible else None
+        if gpu is not None:
+            ids.setdefault((entry.pod_uid, gpu.index), set()).update(entry.device_ids)
+            containers.setdefault(entry.pod_uid, []).append(entry.container)
+    out: dict[int, list[Holder]] = {}
+    for (uid, index), held in ids.items():
+        pod, names = candidates[uid], containers[uid]
+        leaving = terminating(pod)
+        if leaving and not still_running(pod, names, names if ctx.pins.get(uid) is not None else ()):
+            continue
+        out.setdefault(index, []).append(Holder(pod_ref(pod), len(held), leaving, legacy=True))
+    return out
 
 
 def holding_of(pod: Mapping[str, Any], uid: str, ctx: Context) -> tuple[int, Holder] | None:
@@ -110,8 +178,10 @@ def promise_of(pod: Mapping[str, Any], uid: str, ctx: Context) -> tuple[int, Int
         index = placed
     verdict = ctx.verdicts.intent(pod, ctx)
     if isinstance(verdict, Refusal):
-        ctx.verdicts.report(uid, f"Pod {pod_ref(pod)} names GPU {index} of node {ctx.node_name} but is not counted "
-                                 f"in its usage because it is not believed: {verdict.message}.")
+        if ctx.contract.intent_key in annotations or not _wants_gpu(pod, ctx):  # not a pod from before the webhook
+            ctx.verdicts.report(uid, f"Pod {pod_ref(pod)} names GPU {index} of node {ctx.node_name} but is not "
+                                     f"counted there because it is not believed: {verdict.message}; it counts only "
+                                     "where the kubelet's checkpoint shows another device plugin put it.")
         return None
     return index, verdict
 

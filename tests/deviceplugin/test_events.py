@@ -133,7 +133,7 @@ def allocate_refused(service: Service, units: int) -> PluginError:
      "annotation, so no scheduler extender placed it on a GPU; configure the gpushare scheduler extender"),
     ([("raw", False, 0)], "GpuShareNoIntent",
      "for pod team/raw on node node-a was refused, so the pod is not admitted: pod team/raw has no "
-     "gpushare.io/intent annotation, so the gpushare webhook did not admit it; install the webhook"),
+     "gpushare.io/intent annotation: it was created before the gpushare webhook was installed"),
 ], ids=["not placed", "not stamped"])
 def test_an_allocate_refusal_is_an_event_on_the_one_pod_that_waits(
     node: tuple[FakeApiServer, Service, Clock, list[str]], signer: Ed25519PrivateKey, contract: Contract,

@@ -9,6 +9,7 @@ GPUSHARE_FUZZ_CASES (tests/harness/fuzzing.py) sets the cases per property.
 
 from __future__ import annotations
 
+import base64
 import concurrent.futures
 import json
 from collections.abc import Callable, Iterator
@@ -23,12 +24,14 @@ from hypothesis import strategies as st
 
 from deviceplugin.api import deviceplugin_pb2 as pb
 from deviceplugin.api import podresources_pb2 as pr
+from deviceplugin.checkpoint import checkpoint_entries, visible_gpu
 from deviceplugin.errors import PluginError, Refusal
 from deviceplugin.inventory import Inventory, fake_gpus
 from deviceplugin.kubelet import KubeletHoldings, KubeletUnavailable
 from deviceplugin.owners import Owners
 from deviceplugin.resolve import Holding, find_owner, holdings_from_checkpoint, other_holders
 from tests.harness.fuzzing import CASES, anything, mutated_bytes
+from tests.harness.kubelet.devices import reference_answer
 from tests.harness.kubelet.scripted import RESOURCE, TestKubelet
 from tests.harness.plugin.fakes import NODE, FakeApiServer
 from tests.harness.plugin.rig import Rig, make_rig
@@ -226,7 +229,11 @@ entries = st.fixed_dictionaries({}, optional={
     "DeviceIDs": _maybe(st.one_of(  # by NUMA node (v1.34) or a plain list (older kubelets)
         st.dictionaries(st.sampled_from(["-1", "0"]), _maybe(st.lists(listing_ids, max_size=4)), max_size=2),
         st.lists(listing_ids, max_size=4))),
-    "AllocResp": _maybe(st.just("")),
+    # The stored answer: none, random bytes, or a reference-plugin answer naming a GPU, several or none.
+    "AllocResp": _maybe(st.one_of(st.just(b""), st.binary(max_size=40), st.builds(
+        reference_answer, st.sampled_from(["0", "1", "7", "no-gpu-has-8GiB-to-run", "0,1", "all", ""]),
+        st.integers(1, 8)).map(lambda answer: answer.SerializeToString()), mutated_bytes(st.just(
+            reference_answer("1", 2).SerializeToString()))).map(lambda raw: base64.b64encode(raw).decode())),
 })
 checkpoints = st.fixed_dictionaries({"Data": _maybe(st.fixed_dictionaries({}, optional={
     "PodDeviceEntries": _maybe(st.lists(_maybe(entries), max_size=4)), "RegisteredDevices": anything})),
@@ -319,12 +326,18 @@ def _resolve(holdings: list[Holding], wanted: list[str], problems: list[str]) ->
 @FUZZ
 @given(checkpoint=checkpoint_bytes)
 def test_checkpoint_text_is_parsed_or_refused_with_a_value_error(checkpoint: bytes) -> None:
+    text = checkpoint.decode("utf-8", "replace")
     try:
-        holdings = holdings_from_checkpoint(checkpoint.decode("utf-8", "replace"), RESOURCE)
+        holdings = holdings_from_checkpoint(text, RESOURCE)
     except ValueError as exc:
         assert str(exc)
         return
     assert all(isinstance(h, Holding) and h.device_ids for h in holdings)
+    gpus = {g.index: g for g in fake_gpus("2x8GiB", NODE, "GiB")}
+    for entry in checkpoint_entries(text, RESOURCE):
+        assert entry.visible is None or isinstance(entry.visible, str)
+        gpu = visible_gpu(entry.visible or "", gpus)
+        assert gpu is None or entry.visible in (str(gpu.index), gpu.uuid)
 
 
 def test_listings_through_the_real_plugin(rig: Rig) -> None:

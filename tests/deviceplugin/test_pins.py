@@ -69,9 +69,9 @@ def node(tmp_path: Path, inventory: Inventory, signer: Ed25519PrivateKey) -> Ite
     made: list[Service] = []
 
     def service() -> Service:
+        for before in made:  # its Events are posted before the next service posts any: they come in call order
+            before.events.flush()
         made.append(Service(settings, inventory, api, holdings, signer.public_key()))
-        # Every service's queued Events, a restarted one's and the one before it: otherwise the first one's
-        # allocation Event may land after the second one's refusal.
         api.settle = lambda: [m.events.flush() for m in made]
         return made[-1]
 

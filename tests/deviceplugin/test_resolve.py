@@ -14,13 +14,13 @@ from contract import ASSIGNED, DEV, IDX, POD, Contract, parse_allocation, signin
 from contract.modes import Placement
 from deviceplugin.errors import Refusal
 from deviceplugin.inventory import Gpu, Inventory
+from deviceplugin.offers import allocation_candidates
 from deviceplugin.placement import best_fit, preferred_devices
 from deviceplugin.resolve import (
     Accepted,
     Holding,
     NeedsPlacement,
     Owner,
-    allocation_candidates,
     find_owner,
     holdings_from_checkpoint,
     other_holders,

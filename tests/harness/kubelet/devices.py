@@ -7,10 +7,11 @@ import json
 import os
 import random
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from deviceplugin.api import deviceplugin_pb2 as dp
+from e2e.refalloc import Decision, container_envs
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,37 @@ Prefer = Callable[[list[str], list[str], int], list[str]]
 
 class Unavailable(Exception):
     """Not enough free healthy devices: the kubelet refuses admission before calling the plugin."""
+
+
+def checkpoint_document(entries: Iterable[Entry], registered: Mapping[str, list[str]]) -> dict[str, object]:
+    """kubelet_internal_checkpoint as the kubelet writes it (pkg/kubelet/cm/devicemanager/checkpoint/checkpoint.go,
+    v1.34 to v1.37): DeviceIDs per NUMA node ("-1": no topology), AllocResp the serialized answer as Go's
+    encoding/json writes []byte (standard base64)."""
+    data = {
+        "PodDeviceEntries": [
+            {
+                "PodUID": e.pod_uid,
+                "ContainerName": e.container,
+                "ResourceName": e.resource,
+                "DeviceIDs": {"-1": list(e.device_ids)},
+                "AllocResp": base64.b64encode(e.response).decode(),
+            }
+            for e in entries
+        ],
+        "RegisteredDevices": dict(registered),
+    }
+    # The real checksum hashes Go's printed form of Data; FNV-32a over canonical JSON is the stand-in.
+    return {"Data": data, "Checksum": fnv32a(json.dumps(data, sort_keys=True).encode())}
+
+
+def reference_answer(
+    visible: str, units: int, pod_units: int | None = None, dev_units: int = 8
+) -> dp.ContainerAllocateResponse:
+    """The reference device plugin's Allocate answer for one container: its five envs (pkg/gpu/nvidia/allocate.go),
+    NVIDIA_VISIBLE_DEVICES `visible` (a GPU index, a UUID, or no-gpu-has-<N><unit>-to-run)."""
+    index = int(visible) if visible.isdigit() else -1
+    return dp.ContainerAllocateResponse(envs=container_envs(Decision(visible, index), pod_units or units, units,
+                                                            dev_units))
 
 
 def fnv32a(data: bytes) -> int:
@@ -134,22 +166,7 @@ class DeviceState:
 
     def checkpoint(self) -> dict[str, object]:
         with self._lock:
-            data = {
-                "PodDeviceEntries": [
-                    {
-                        "PodUID": e.pod_uid,
-                        "ContainerName": e.container,
-                        "ResourceName": e.resource,
-                        "DeviceIDs": {"-1": list(e.device_ids)},
-                        "AllocResp": base64.b64encode(e.response).decode(),
-                    }
-                    for e in self._entries.values()
-                ],
-                "RegisteredDevices": {self.resource: list(self.registered)},
-            }
-        # The real checksum hashes Go's printed form of Data; FNV-32a over canonical JSON is the stand-in.
-        checksum = fnv32a(json.dumps(data, sort_keys=True).encode())
-        return {"Data": data, "Checksum": checksum}
+            return checkpoint_document(self._entries.values(), {self.resource: list(self.registered)})
 
     def save(self) -> None:
         doc = self.checkpoint()

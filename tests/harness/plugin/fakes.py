@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from deviceplugin.apiserver import ApiServerError, Conflict, PodListener
+from deviceplugin.checkpoint import Checkpoint
 from deviceplugin.resolve import Holding
 from deviceplugin.settings import PluginSettings, settings_from
 
@@ -206,6 +207,7 @@ class FakeHoldings:
 
     entries: list[Holding]
     recorded: list[Holding] = field(default_factory=list)
+    stored: Checkpoint = field(default_factory=Checkpoint)  # what checkpoint() reads: the answers the kubelet keeps
 
     def holdings(self) -> list[Holding]:
         return list(self.entries)
@@ -215,3 +217,6 @@ class FakeHoldings:
 
     def pod_holdings(self, namespace: str, name: str) -> list[Holding] | None:
         return None  # a kubelet without PodResources Get: the plugin lists
+
+    def checkpoint(self) -> Checkpoint:
+        return self.stored

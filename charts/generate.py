@@ -176,7 +176,7 @@ def _value_entries() -> list[tuple[Value, bool]]:
 
 
 def _comment(text: str, indent: str) -> str:
-    return "".join(f"{indent}# {line}\n" for line in textwrap.wrap(text, 110 - len(indent)))
+    return "".join(f"{indent}# {line}\n" for line in textwrap.wrap(text, 110 - len(indent), break_on_hyphens=False))
 
 
 def _component_doc(folder: str) -> str:

@@ -21,7 +21,20 @@ from typing import Any
 import yaml
 
 from charts import kustomize
-from charts.knobs import COMPONENT_DOCS, KNOBS, MODE_DOC, MODE_VALUE, MODES, SWITCHES, Knob, Value, component_value
+from charts.helpers import helpers
+from charts.knobs import (
+    AUTO,
+    CAPABILITIES,
+    COMPONENT_DOCS,
+    KNOBS,
+    MODE_DOC,
+    MODE_VALUE,
+    MODES,
+    SWITCHES,
+    Knob,
+    Value,
+    component_value,
+)
 from charts.model import Knobbed, ModelError, Part, When, apply_knobs, objects
 
 CHART = kustomize.REPO / "charts" / "gpushare"
@@ -191,7 +204,8 @@ def values_yaml(defaults: dict[str, Any]) -> str:
     switches = {component_value(c): c for c in kustomize.components()}
     groups: dict[str, list[str]] = {}
     for head, folder in switches.items():
-        groups[head] = [_comment(_component_doc(folder), "  "), "  enabled: false\n"]
+        groups[head] = [_comment(_component_doc(folder), "  "),
+                        f"  enabled: {AUTO if folder in CAPABILITIES else 'false'}\n"]
     for switch in SWITCHES:
         head, leaf = switch.value.split(".", 1)
         groups.setdefault(head, []).extend([_comment(switch.doc, "  "), textwrap.indent(_dump({leaf: True}), "  ")])
@@ -232,8 +246,8 @@ def schema(defaults: dict[str, Any]) -> str:
         head, dot, leaf = value.path.partition(".")
         (group(head)["properties"] if dot else root["properties"])[leaf or head] = entry
     for folder in kustomize.components():
-        group(component_value(folder))["properties"]["enabled"] = {
-            "type": "boolean", "description": _component_doc(folder)}
+        kind: dict[str, Any] = {"enum": [AUTO, True, False]} if folder in CAPABILITIES else {"type": "boolean"}
+        group(component_value(folder))["properties"]["enabled"] = {**kind, "description": _component_doc(folder)}
     for switch in SWITCHES:
         head, leaf = switch.value.split(".", 1)
         group(head)["properties"][leaf] = {"type": "boolean", "description": switch.doc}
@@ -249,6 +263,8 @@ def generated() -> dict[str, str]:
     parts = objects()
     defaults = apply_knobs(parts)
     files = templates(parts, defaults)
+    if CAPABILITIES:
+        files["templates/_helpers.tpl"] = helpers()
     files["Chart.yaml"] = chart_yaml(defaults)
     files["values.yaml"] = values_yaml(defaults)
     files["values.schema.json"] = schema(defaults)

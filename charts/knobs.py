@@ -104,21 +104,24 @@ def node_plugin_knobs(head: str, daemonset: str, container: str, what: str, node
 # A namespace name (DNS-1123 label, as kube-apiserver validates it).
 DNS_LABEL = {"type": "string", "pattern": "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", "maxLength": 63}
 # The namespaces the rules for ordinary pods (no GPU selection by env without GPU memory) leave out: the fail-open
-# webhook entries and the policy gpushare-container-env. Each list holds gpushare-system first, always left out (the
-# webhook and the plugins must start while the webhook is down), then the trusted namespaces, which the value sets.
+# webhook entries, the policy gpushare-container-env and, in-process, the MutatingAdmissionPolicy
+# gpushare-neutralise. Each list holds gpushare-system first, always left out (the webhook and the plugins must start
+# while the webhook is down), then the trusted namespaces, which the value sets.
 EXEMPT = "namespaceSelector.matchExpressions[key=kubernetes.io/metadata.name].values"
 TRUSTED_NAMESPACES = Knob(
     where=(Where("MutatingWebhookConfiguration", "gpushare-webhook", f"webhooks[name=neutralise.gpushare.io].{EXEMPT}"),
            Where("ValidatingWebhookConfiguration", "gpushare-webhook",
                  f"webhooks[name=validate-ordinary.gpushare.io].{EXEMPT}"),
-           Where("ValidatingAdmissionPolicy", "gpushare-container-env", f"spec.matchConstraints.{EXEMPT}")),
+           Where("ValidatingAdmissionPolicy", "gpushare-container-env", f"spec.matchConstraints.{EXEMPT}"),
+           Where("MutatingAdmissionPolicy", "gpushare-neutralise", f"spec.matchConstraints.{EXEMPT}")),
     values=(Value("trustedNamespaces", "Namespaces whose pods may select GPUs by env (NVIDIA_VISIBLE_DEVICES, "
                   "CUDA_VISIBLE_DEVICES, ...) without requesting aliyun.com/gpu-mem, such as the NVIDIA device "
                   "plugin's: the rules for ordinary pods (the webhook entries neutralise.gpushare.io and "
-                  "validate-ordinary.gpushare.io, the policy gpushare-container-env) leave them out; GPU-share pods "
-                  "are checked there as everywhere. Whoever can create pods in one can give a container every GPU "
-                  "of a node: list only namespaces where only cluster administrators create pods. gpushare-system "
-                  "is always left out. See docs/deploy.md, Trusted GPU infrastructure.", items=DNS_LABEL),),
+                  "validate-ordinary.gpushare.io, or in-process the policy gpushare-neutralise, and the policy "
+                  "gpushare-container-env) leave them out; GPU-share pods are checked there as everywhere. Whoever "
+                  "can create pods in one can give a container every GPU of a node: list only namespaces where only "
+                  "cluster administrators create pods. gpushare-system is always left out. See docs/deploy.md, "
+                  "Trusted GPU infrastructure.", items=DNS_LABEL),),
     block=True, append=True, keep=1,
 )
 
@@ -207,6 +210,22 @@ SWITCHES = (
            "and the node plugins' ports); they act only where the network plugin enforces NetworkPolicy."),
 )
 
+@dataclass(frozen=True)
+class Gate:
+    """Every object of `kinds` (of the base or of a component) rendered only while `condition`, a Helm expression
+    over other values, holds: what an operator of the overlays does with a patch that deletes them (`why`)."""
+
+    kinds: tuple[str, ...]
+    condition: str
+    why: str
+
+
+GATES = (
+    Gate(("MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding"), 'eq .Values.config.delivery "env"',
+         "the policy gpushare-neutralise adds NVIDIA_VISIBLE_DEVICES=void, which only env delivery does; in cdi "
+         "delivery the webhook adds nothing to ordinary pods"),
+)
+
 # The optional components of manifests/ (folder -> what its switch means); the chart's value is
 # `<camelCase folder>.enabled`, off by default, as a component is until an overlay lists it.
 COMPONENT_DOCS = {
@@ -215,7 +234,19 @@ COMPONENT_DOCS = {
     "dra": "The DRA driver: its DaemonSet on nodes labelled gpushare.io/gpu-memory=dra, its ServiceAccount and "
            "RBAC, the DeviceClass gpushare.io and the policies keeping it to its own node's ResourceSlices (needs "
            "resource.k8s.io/v1 and the DRAConsumableCapacity feature gate; docs/dra.md).",
+    "in-process": "Ordinary pods (no aliyun.com/gpu-mem, no reserved annotation) are handled inside the API server: "
+                  "the MutatingAdmissionPolicy gpushare-neutralise adds NVIDIA_VISIBLE_DEVICES=void (env delivery) "
+                  "and the webhook entries neutralise.gpushare.io and validate-ordinary.gpushare.io are left out "
+                  "(the policy gpushare-container-env checks those pods' env). auto: on where the cluster serves "
+                  "admissionregistration.k8s.io/v1 MutatingAdmissionPolicy (Kubernetes 1.36 or newer; `helm "
+                  "template` needs --api-versions admissionregistration.k8s.io/v1/MutatingAdmissionPolicy); true "
+                  "or false overrides. See docs/deploy.md, Ordinary pods inside the API server.",
 }
+# Components the chart adds by itself where the cluster serves an API (folder -> the API as Helm's
+# .Capabilities.APIVersions names it, group/version/Kind: discovery at install and upgrade, --api-versions for
+# `helm template`). Their value `<camelCase folder>.enabled` is `auto` by default; true or false overrides it.
+CAPABILITIES = {"in-process": "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy"}
+AUTO = "auto"
 
 
 def component_value(folder: str) -> str:

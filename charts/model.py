@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from charts import kustomize
-from charts.knobs import KNOBS, MODE_VALUE, MODES, SWITCHES, Knob, Where, component_value
+from charts.knobs import CAPABILITIES, GATES, KNOBS, MODE_VALUE, MODES, SWITCHES, Knob, Where, component_value
 from charts.kustomize import Obj, key
 
 
@@ -48,8 +48,24 @@ def mode_condition(mode: str) -> str:
     return f'eq .Values.{MODE_VALUE} "{mode}"'
 
 
+def component_helper(folder: str) -> str:
+    """The named template that says whether a component of CAPABILITIES is on ("true") for this install."""
+    return f"gpushare.{component_value(folder)}.enabled"
+
+
 def component_condition(folder: str) -> str:
+    if folder in CAPABILITIES:
+        return f'(eq (include "{component_helper(folder)}" .) "true")'
     return f".Values.{component_value(folder)}.enabled"
+
+
+def term(condition: str) -> str:
+    """`condition` as one operand of `and` or `not`: in parentheses unless it is one already."""
+    return condition if " " not in condition or condition.startswith("(") else f"({condition})"
+
+
+def both(first: str | None, second: str) -> str:
+    return second if first is None else f"and {term(first)} {term(second)}"
 
 
 def _names(items: list[Any]) -> list[str] | None:
@@ -132,14 +148,19 @@ def objects() -> list[Part]:
             parts[k] = Part(obj, ss[k][1], None)
     for folder in kustomize.components():
         condition = component_condition(folder)
+        with_cm: dict[tuple[str, str, str], tuple[Obj, str]] | None = None
         for k, (obj, source) in _rendered(ss_dir, (folder,)).items():
             if k not in ss:
                 parts[k] = Part(obj, source, condition)
             elif obj != ss[k][0]:
+                variant = obj
                 if parts[k].obj != ss[k][0]:
-                    raise ModelError(f"{_describe(k)} differs both by certificate mode and by component {folder}; "
-                                     "the chart generator cannot express both on one object.")
-                parts[k].obj = merge(ss[k][0], obj, condition, f"not {condition}", _describe(k))
+                    # The object differs by certificate mode too: merge the component's render of both modes, then
+                    # that with the merged base, so the fields of each difference keep their own condition.
+                    with_cm = with_cm if with_cm is not None else _rendered(cm_dir, (folder,))
+                    variant = merge(obj, with_cm[k][0], mode_condition(cm_mode), mode_condition(ss_mode),
+                                    _describe(k))
+                parts[k].obj = merge(parts[k].obj, variant, condition, f"not {condition}", _describe(k))
     component_conditions = {component_condition(folder) for folder in kustomize.components()}
     for switch in SWITCHES:
         for k, part in parts.items():
@@ -152,6 +173,10 @@ def objects() -> list[Part]:
             else:
                 raise ModelError(f"{_describe(k)} is already under {part.condition}; the chart value "
                                  f"{switch.value} can only switch objects of every render or of a component.")
+    for gate in GATES:
+        for part in parts.values():
+            if part.obj["kind"] in gate.kinds:
+                part.condition = both(part.condition, gate.condition)
     return list(parts.values())
 
 

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from charts import generate, kustomize
-from charts.knobs import KNOBS, MODE_VALUE, SWITCHES, component_value
+from charts.knobs import AUTO, CAPABILITIES, KNOBS, MODE_VALUE, SWITCHES, component_value
 from tests.harness.manifests import helm
 from tests.harness.manifests.helm import CHART, Obj
 from tests.harness.manifests.render import kubectl
@@ -34,12 +34,15 @@ EXTRA_VOLUMES = [{"name": "nvml", "hostPath": {"path": "/opt/nvml", "type": "Dir
 SCRAPERS = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "observability"}},
              "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}]
 # kube-system dropped, two others trusted; the lists they go into, after gpushare-system (neutralise.gpushare.io,
-# validate-ordinary.gpushare.io, the policy gpushare-container-env: docs/deploy.md, Trusted GPU infrastructure).
+# validate-ordinary.gpushare.io, the policy gpushare-container-env; in-process the policy gpushare-neutralise instead
+# of the two entries: docs/deploy.md, Trusted GPU infrastructure).
 TRUSTED = ["nvidia-device-plugin", "gpu-operator"]
 EXEMPT = "namespaceSelector/matchExpressions/0/values"
-EXEMPT_LISTS = (("MutatingWebhookConfiguration", "gpushare-webhook", f"/webhooks/1/{EXEMPT}"),
-                ("ValidatingWebhookConfiguration", "gpushare-webhook", f"/webhooks/2/{EXEMPT}"),
-                ("ValidatingAdmissionPolicy", "gpushare-container-env", f"/spec/matchConstraints/{EXEMPT}"))
+WEBHOOK_EXEMPT_LISTS = (("MutatingWebhookConfiguration", "gpushare-webhook", f"/webhooks/1/{EXEMPT}"),
+                        ("ValidatingWebhookConfiguration", "gpushare-webhook", f"/webhooks/2/{EXEMPT}"))
+POLICY_EXEMPT_LIST = ("ValidatingAdmissionPolicy", "gpushare-container-env", f"/spec/matchConstraints/{EXEMPT}")
+IN_PROCESS_EXEMPT_LIST = ("MutatingAdmissionPolicy", "gpushare-neutralise", f"/spec/matchConstraints/{EXEMPT}")
+IN_PROCESS_API = CAPABILITIES["in-process"]
 
 # Every value of the chart set away from its default ...
 CUSTOM_VALUES: Obj = {
@@ -92,7 +95,27 @@ def _node_plugin_patches(name: str, container: str, node_selector: Obj) -> list[
     ]
 
 
-def custom_kustomization(overlay: str) -> Obj:
+def _delete(kind: str, name: str) -> Obj:
+    return {"patch": yaml.safe_dump({"$patch": "delete", "apiVersion": "admissionregistration.k8s.io/v1",
+                                     "kind": kind, "metadata": {"name": name}})}
+
+
+def _exempt_patches(in_process: bool, delivery: str) -> list[Obj]:
+    """The trusted namespaces written into each list that holds them, and in-process in cdi delivery the policy
+    gpushare-neutralise deleted (docs/deploy.md, Ordinary pods inside the API server)."""
+    lists = [POLICY_EXEMPT_LIST]
+    deleted: list[Obj] = []
+    if not in_process:
+        lists.extend(WEBHOOK_EXEMPT_LISTS)
+    elif delivery == "env":
+        lists.append(IN_PROCESS_EXEMPT_LIST)
+    else:
+        deleted = [_delete(kind, "gpushare-neutralise")
+                   for kind in ("MutatingAdmissionPolicy", "MutatingAdmissionPolicyBinding")]
+    return [*(_replace(kind, name, path, ["gpushare-system", *TRUSTED]) for kind, name, path in lists), *deleted]
+
+
+def custom_kustomization(overlay: str, *, in_process: bool = False, delivery: str = "cdi") -> Obj:
     """... and the same settings as an operator writes them in a kustomize overlay of the manifests."""
     workloads = [("Deployment", "gpushare-webhook"), ("DaemonSet", "gpushare-device-plugin"),
                  ("DaemonSet", "gpushare-dra-plugin")]
@@ -107,7 +130,7 @@ def custom_kustomization(overlay: str) -> Obj:
             {"patch": yaml.safe_dump({
                 "apiVersion": "v1", "kind": "ConfigMap",
                 "metadata": {"name": "gpushare-config", "namespace": "gpushare-system"},
-                "data": {"GPUSHARE_DELIVERY": "cdi", "GPUSHARE_PLACEMENT": "node", "GPUSHARE_UNIT": "MiB",
+                "data": {"GPUSHARE_DELIVERY": delivery, "GPUSHARE_PLACEMENT": "node", "GPUSHARE_UNIT": "MiB",
                          "GPUSHARE_LOG_LEVEL": "DEBUG"}})},
             _replace("Deployment", "gpushare-webhook", f"{first}/resources", WEBHOOK_RESOURCES),
             *_node_plugin_patches("gpushare-device-plugin", "device-plugin", NODE_SELECTOR),
@@ -116,7 +139,7 @@ def custom_kustomization(overlay: str) -> Obj:
             _replace("NetworkPolicy", "gpushare-webhook", "/spec/ingress/1/from", SCRAPERS),
             _replace("NetworkPolicy", "gpushare-device-plugin", "/spec/ingress/0/from", SCRAPERS),
             _replace("NetworkPolicy", "gpushare-dra-plugin", "/spec/ingress/0/from", SCRAPERS),
-            *(_replace(kind, name, path, ["gpushare-system", *TRUSTED]) for kind, name, path in EXEMPT_LISTS),
+            *_exempt_patches(in_process, delivery),
         ],
     }
 
@@ -154,10 +177,24 @@ def test_default_values_render_the_overlay(overlay: str) -> None:
 
 
 @pytest.mark.parametrize("overlay", ["cert-manager", "self-signed"])
-def test_every_value_renders_what_the_same_kustomize_overlay_does(overlay: str, tmp_path: Path) -> None:
+def test_default_values_render_the_overlay_with_the_in_process_component_where_the_cluster_serves_it(
+    overlay: str,
+) -> None:
+    sets = [] if overlay == generate.DEFAULT_MODE else [f"certificates={overlay}"]
+    assert_same_objects(helm.template(sets=sets, api_versions=[IN_PROCESS_API]), manifests(overlay, ["in-process"]))
+
+
+@pytest.mark.parametrize(("in_process", "delivery"), [(False, "cdi"), (True, "cdi"), (True, "env")],
+                         ids=["webhook", "in-process cdi", "in-process env"])
+@pytest.mark.parametrize("overlay", ["cert-manager", "self-signed"])
+def test_every_value_renders_what_the_same_kustomize_overlay_does(
+    overlay: str, in_process: bool, delivery: str, tmp_path: Path,
+) -> None:
     values = tmp_path / "values.yaml"
-    values.write_text(yaml.safe_dump({**CUSTOM_VALUES, "certificates": overlay}))
-    expected = manifests(overlay, kustomize.components(), custom_kustomization(overlay))
+    values.write_text(yaml.safe_dump({**CUSTOM_VALUES, "certificates": overlay, "inProcess": {"enabled": in_process},
+                                      "config": {**CUSTOM_VALUES["config"], "delivery": delivery}}))
+    parts = [c for c in kustomize.components() if in_process or c != "in-process"]
+    expected = manifests(overlay, parts, custom_kustomization(overlay, in_process=in_process, delivery=delivery))
     assert_same_objects(helm.template(values), expected)
 
 
@@ -165,11 +202,33 @@ def test_every_component_is_a_switch_of_the_chart() -> None:
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     for folder in kustomize.components():
         switch = component_value(folder)
-        assert values[switch]["enabled"] is False, f"component {folder} is off by default, as in the overlays"
+        # Off by default, as in the overlays; a component the cluster's APIs decide, on where it serves them.
+        default = values[switch]["enabled"]
+        assert default == AUTO if folder in CAPABILITIES else default is False, folder
         added = {kustomize.key(o) for o in helm.template(sets=[f"{switch}.enabled=true"])} - {
             kustomize.key(o) for o in helm.template()}
         assert added == {kustomize.key(o) for o in manifests("cert-manager", [folder])} - {
             kustomize.key(o) for o in manifests("cert-manager")}
+
+
+@pytest.mark.parametrize(("sets", "served", "in_process"), [
+    ([], False, False),
+    ([], True, True),
+    (["inProcess.enabled=false"], True, False),
+    (["inProcess.enabled=true"], False, True),
+    (["inProcess.enabled=auto"], True, True),
+    # `helm upgrade --reuse-values` from a chart without the value: no value at all, which counts as auto.
+    (["inProcess=null"], True, True),
+    (["inProcess=null"], False, False),
+])
+def test_the_in_process_component_follows_the_cluster_unless_the_value_says(
+    sets: list[str], served: bool, in_process: bool,
+) -> None:
+    objs = helm.template(sets=sets, api_versions=[IN_PROCESS_API] if served else [])
+    hooks = {h["name"] for o in objs if o["kind"].endswith("WebhookConfiguration") for h in o["webhooks"]}
+    policies = {o["metadata"]["name"] for o in objs if o["kind"].startswith("MutatingAdmissionPolicy")}
+    assert policies == ({"gpushare-neutralise"} if in_process else set())
+    assert hooks.isdisjoint({"neutralise.gpushare.io", "validate-ordinary.gpushare.io"}) is in_process
 
 
 def test_the_network_policies_are_on_by_default_and_a_switch_turns_them_off() -> None:
@@ -182,7 +241,8 @@ def test_the_network_policies_are_on_by_default_and_a_switch_turns_them_off() ->
 
 @pytest.mark.parametrize("sets", [
     [], ["certificates=self-signed"], ["networkPolicy.enabled=false"],
-    ["config.delivery=cdi,config.placement=node"],
+    ["config.delivery=cdi,config.placement=node"], ["inProcess.enabled=true"],
+    ["inProcess.enabled=true,config.delivery=cdi,config.placement=node"],
 ])
 def test_helm_lint_is_clean(sets: list[str]) -> None:
     args = ["lint", "--strict", str(CHART), *helm.kube_version_args()] + [a for s in sets for a in ("--set", s)]
@@ -204,6 +264,7 @@ def test_helm_lint_is_clean(sets: list[str]) -> None:
     ("trustedNamespaces={kube-system,GPU_Operator}", "trustedNamespaces/1"),
     # helm's --set reads {} as a list of one empty string; an empty list is --set-json 'trustedNamespaces=[]'.
     ("trustedNamespaces={}", "trustedNamespaces/0"),
+    ("inProcess.enabled=sometimes", "inProcess"),
 ])
 def test_a_bad_value_is_refused_naming_it(setting: str, named: str) -> None:
     done = helm.run(["template", helm.RELEASE, str(CHART), *helm.kube_version_args(), "--set", setting])

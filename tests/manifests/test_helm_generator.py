@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from charts import generate, model
+from charts.helpers import helpers
 from charts.knobs import KNOBS, TRUSTED_NAMESPACES, split_image
 from charts.model import Knobbed, ModelError, When, merge
 
@@ -122,3 +123,33 @@ def test_split_image(image: str, parts: tuple[str, str]) -> None:
 def test_an_image_without_a_tag_is_refused(image: str) -> None:
     with pytest.raises(ValueError, match="has no tag"):
         split_image(image)
+
+
+def test_a_component_the_cluster_decides_is_one_term_of_every_condition() -> None:
+    condition = model.component_condition("in-process")
+    assert condition == '(eq (include "gpushare.inProcess.enabled" .) "true")'
+    assert f"not {condition}" == 'not (eq (include "gpushare.inProcess.enabled" .) "true")'
+    gated = model.both(condition, 'eq .Values.config.delivery "env"')
+    assert gated == f'and {condition} (eq .Values.config.delivery "env")'
+    assert model.both(None, 'eq .Values.config.delivery "env"') == 'eq .Values.config.delivery "env"'
+    assert model.both(".Values.dra.enabled", ".Values.networkPolicy.enabled") == (
+        "and .Values.dra.enabled .Values.networkPolicy.enabled")
+
+
+def test_a_component_may_change_an_object_the_certificate_modes_change_too() -> None:
+    """The component's change and the mode's keep their own conditions: the mode's annotation, the component's
+    removed entry."""
+    base = {"metadata": {"name": "w"}, "webhooks": [{"name": "a"}, {"name": "b"}]}
+    cm = {"metadata": {"name": "w", "annotations": {"k": "v"}}, "webhooks": [{"name": "a"}, {"name": "b"}]}
+    by_mode = merge(base, cm, CM, SS, "X")
+    component = merge({**base, "webhooks": [{"name": "a"}]}, {**cm, "webhooks": [{"name": "a"}]}, CM, SS, "X")
+    on = '(eq (include "x" .) "true")'
+    assert merge(by_mode, component, on, f"not {on}", "X") == {
+        "metadata": {"name": "w", "annotations": When(CM, {"k": "v"})},
+        "webhooks": [{"name": "a"}, When(f"not {on}", {"name": "b"})]}
+
+
+def test_helpers_say_true_or_false_for_each_component_the_cluster_decides() -> None:
+    text = helpers()
+    assert '{{- define "gpushare.inProcess.enabled" -}}' in text
+    assert '.Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy"' in text

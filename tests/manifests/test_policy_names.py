@@ -1,6 +1,6 @@
-"""The reserved names in the policies' CEL are the contract's (contract/keys.py), not a second definition: every
-key, prefix and resource name a CEL expression spells is one the contract defines, and every list of keys there is
-one of the contract's own groups."""
+"""The reserved names in the admission policies' CEL are the contract's (contract/keys.py), not a second definition:
+every key, prefix and resource name a CEL expression spells is one the contract defines, and every list of keys
+there is one of the contract's own groups."""
 
 from __future__ import annotations
 
@@ -9,9 +9,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import yaml
 
 from contract import ASSIGNED, ASSUME_TIME, COMPAT_PREFIX, DEFAULT_PREFIX, DEFAULT_RESOURCE, PLACEMENT_KEYS, Contract
 from contract.keys import COMPAT_KEYS, GPU_COUNT
+from tests.harness.manifests.render import MANIFESTS
 from tests.manifests.test_policy import documents
 from webhook.settings import settings_from
 
@@ -45,7 +47,10 @@ def _expressions(doc: Any) -> Iterator[str]:
 
 
 def _cel() -> list[str]:
-    return [e for d in documents() if d["kind"] == "ValidatingAdmissionPolicy" for e in _expressions(d)]
+    """The CEL of the base's ValidatingAdmissionPolicies and of the in-process MutatingAdmissionPolicy."""
+    in_process = yaml.safe_load_all((MANIFESTS / "in-process" / "neutralise-policy.yaml").read_text())
+    return [e for d in [*documents(), *in_process] if d and d["kind"].endswith("AdmissionPolicy")
+            for e in _expressions(d)]
 
 
 def test_the_policies_spell_reserved_names() -> None:

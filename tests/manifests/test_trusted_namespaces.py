@@ -4,7 +4,9 @@ One table of pods that request no aliyun.com/gpu-mem, each created in a namespac
 operator passes it to helm. The webhook side is the chart's webhook configurations in the test API server's admission
 chain (rules, namespaceSelector and matchConditions as kube-apiserver applies them) calling the real webhook. The
 policy side is the chart's ValidatingAdmissionPolicies evaluated with cel-python, on the pod as sent (the webhook
-down) and as the mutation left it (mutating admission runs first). Both sides give the row's outcome.
+down) and as the mutation left it (mutating admission runs first). Both sides give the row's outcome, and so does
+the chart where the cluster serves MutatingAdmissionPolicy v1 (the in-process path: the policy gpushare-neutralise
+instead of the webhook entries for ordinary pods; tests/harness/manifests/admission_paths.py).
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from tests.harness.apiserver.resources import PODS
 from tests.harness.apiserver.server import ApiServer
 from tests.harness.apiserver.status import ApiError
 from tests.harness.manifests import helm
+from tests.harness.manifests.admission_paths import IN_PROCESS, Cluster
+from tests.harness.manifests.admission_paths import rendered as rendered_on
 from tests.harness.pods import Pod, annotate, container, pod
 from tests.harness.webhook.server import RunningWebhook, webhook_server
 from webhook.envrules import NEUTRAL_ENV
@@ -204,6 +208,23 @@ def chain(hook: RunningWebhook) -> Iterator[Callable[[Setting], ApiServer]]:
         api.stop()
 
 
+@pytest.fixture(scope="module")
+def in_process(hook: RunningWebhook) -> Iterator[Callable[[Setting], Cluster]]:
+    """The chart of a setting on a cluster that serves MutatingAdmissionPolicy v1, its webhook entries routed to the
+    running webhook."""
+    clusters: dict[Setting, Cluster] = {}
+
+    def of(setting: Setting) -> Cluster:
+        if setting not in clusters:
+            clusters[setting] = Cluster(rendered_on(IN_PROCESS, setting.sets, setting.set_json), hook.url,
+                                        hook.ca_pem)
+        return clusters[setting]
+
+    yield of
+    for cluster in clusters.values():
+        cluster.stop()
+
+
 def in_namespace(p: Pod, namespace: str) -> Pod:
     out = copy.deepcopy(p)
     out["metadata"]["namespace"] = namespace
@@ -266,6 +287,17 @@ def test_the_webhook_and_the_policy_give_one_verdict(row: Row, chain: Callable[[
                                  f"denied pod {row.namespace}/{sent['metadata']['name']}. "), denial
 
 
+@pytest.mark.parametrize("row", ROWS, ids=[r.case for r in ROWS])
+def test_in_process_the_policies_give_the_rows_outcome(row: Row, in_process: Callable[[Setting], Cluster]) -> None:
+    sent = in_namespace(row.pod, row.namespace)
+    result = in_process(row.setting).create(row.pod, row.namespace, CREATOR)
+    assert webhook_outcome(sent, result.pod, result.refusal) is row.outcome, result.refusal
+    if result.refusal is not None:
+        assert result.refusal.startswith("ValidatingAdmissionPolicy 'gpushare-container-env' with binding "
+                                         "'gpushare-container-env' denied request: gpushare denied pod "
+                                         f"{row.namespace}/{sent['metadata']['name']}. "), result.refusal
+
+
 SHARE = pod(container("train", 2))
 SIDECAR_ALL = pod(container("train", 2), container("agent", env=[{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]))
 
@@ -304,7 +336,7 @@ def namespace_lists(objs: list[Obj]) -> dict[str, list[str]]:
     """The kubernetes.io/metadata.name NotIn list of every webhook entry and policy that has one, by name."""
     selected = [*((h["name"], h) for o in objs if o["kind"].endswith("WebhookConfiguration") for h in o["webhooks"]),
                 *((o["metadata"]["name"], o["spec"]["matchConstraints"]) for o in objs
-                  if o["kind"] == "ValidatingAdmissionPolicy")]
+                  if o["kind"] in ("ValidatingAdmissionPolicy", "MutatingAdmissionPolicy"))]
     out: dict[str, list[str]] = {}
     for name, holder in selected:
         for expression in (holder.get("namespaceSelector") or {}).get("matchExpressions", []):
@@ -320,6 +352,16 @@ def test_the_value_sets_the_rules_for_ordinary_pods_only(setting: Setting) -> No
         "neutralise.gpushare.io": ordinary, "validate-ordinary.gpushare.io": ordinary,
         "gpushare-container-env": ordinary,
         # GPU-share pods and the reserved annotations: every namespace but gpushare-system, whatever the value.
+        "mutate.gpushare.io": [SELF], "validate.gpushare.io": [SELF], "validate-status.gpushare.io": [SELF],
+        "gpushare-reserved-annotations": [SELF],
+    }
+
+
+@pytest.mark.parametrize("setting", SETTINGS, ids=[s.name for s in SETTINGS])
+def test_the_value_sets_the_rules_for_ordinary_pods_in_process_too(setting: Setting) -> None:
+    ordinary = [SELF, *setting.trusted]
+    assert namespace_lists(rendered_on(IN_PROCESS, setting.sets, setting.set_json)) == {
+        "gpushare-neutralise": ordinary, "gpushare-container-env": ordinary,
         "mutate.gpushare.io": [SELF], "validate.gpushare.io": [SELF], "validate-status.gpushare.io": [SELF],
         "gpushare-reserved-annotations": [SELF],
     }

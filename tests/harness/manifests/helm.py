@@ -93,9 +93,14 @@ def kube_version_args() -> list[str]:
     return ["--kube-version", OLDEST_KUBERNETES]
 
 
-def template(values: Path | None = None, sets: Sequence[str] = (), set_json: Sequence[str] = ()) -> list[Obj]:
-    """The chart's objects, as `helm template` renders them (values file, then --set and --set-json overrides)."""
+def template(values: Path | None = None, sets: Sequence[str] = (), set_json: Sequence[str] = (),
+             api_versions: Sequence[str] = ()) -> list[Obj]:
+    """The chart's objects, as `helm template` renders them (values file, then --set and --set-json overrides).
+    `api_versions` are what the cluster serves besides helm's defaults (group/version/Kind), as discovery tells
+    `helm install`."""
     args = ["template", RELEASE, str(CHART), *kube_version_args()]
+    for item in api_versions:
+        args += ["--api-versions", item]
     if values is not None:
         args += ["--values", str(values)]
     for item in sets:

@@ -120,6 +120,15 @@ def test_with_the_webhook_down_nvidias_pods_still_pass_and_the_tenants_copy_is_s
         _assert_nvidia_pods_untouched(kubectl)
         code, text = w.create(both.kubectl(as_tenant=True), namespace, _tenant_pod("sees-all", w.image(both)))
         assert code != 0 and "gpushare denied pod" in text and "NVIDIA_VISIBLE_DEVICES" in text, text
+        # An ordinary pod of a CUDA image (its image env selects every GPU): where the API server serves
+        # MutatingAdmissionPolicy v1 it is neutralised in-process even now; on the webhook path it is created as
+        # written while the webhook is down (the fail-open entry), which docs/deploy.md states.
+        cuda = w.pod("cuda", [w.container("main", w.image(both, repository="cuda-like"))])
+        code, text = w.create(both.kubectl(as_tenant=True), namespace, cuda)
+        assert code == 0, text
+        created = next(p for p in w.pods(kubectl, namespace) if p["metadata"]["name"] == "cuda")
+        voided = _env(created["spec"]["containers"][0]).get("NVIDIA_VISIBLE_DEVICES", [])
+        assert voided == (["void"] if install.serves_mutating_policies(kubectl) else []), voided
     finally:
         kubectl.ok(["scale", *deployment, "--replicas=2"])
         install.wait_serving(both, timeout=240)

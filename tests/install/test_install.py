@@ -33,6 +33,8 @@ pytestmark = pytest.mark.usefixtures("needs_extender")
 CLUSTER_KINDS = ("mutatingwebhookconfigurations", "validatingwebhookconfigurations",
                  "validatingadmissionpolicies", "validatingadmissionpolicybindings", "clusterroles",
                  "clusterrolebindings")
+# The in-process path's kinds (manifests/in-process), served from Kubernetes 1.36 only.
+MUTATING_POLICY_KINDS = ("mutatingadmissionpolicies", "mutatingadmissionpolicybindings")
 PART_OF = "app.kubernetes.io/part-of=gpushare"
 # The pods of the webhook and the plugin (their templates carry only app.kubernetes.io/name).
 PODS = "app.kubernetes.io/name in (gpushare-webhook,gpushare-device-plugin)"
@@ -48,8 +50,9 @@ def assert_nothing_of_ours_left(kubectl: Kubectl) -> None:
     """The namespace gone, and no cluster-wide object of ours that could refuse or delay a pod."""
     w.wait("the namespace gpushare-system gone",
            lambda: kubectl.run(["get", "namespace", gpushare.NAMESPACE], timeout=10)[0] != 0, 180, 2)
+    kinds = CLUSTER_KINDS + (MUTATING_POLICY_KINDS if install.serves_mutating_policies(kubectl) else ())
     left = {kind: [o["metadata"]["name"] for o in kubectl.json(["get", kind, "-l", PART_OF])["items"]]
-            for kind in CLUSTER_KINDS}
+            for kind in kinds}
     assert all(not names for names in left.values()), left
     # Nothing of ours by name either (gpushare-certs labels nothing it patches; its objects were in the namespace).
     for kind in CLUSTER_KINDS[:4]:

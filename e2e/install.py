@@ -165,5 +165,5 @@ def serves_mutating_policies(kubectl: Kubectl) -> bool:
     """Whether the API server serves MutatingAdmissionPolicy at admissionregistration.k8s.io/v1 (Kubernetes 1.36 and
     later), where the chart renders the in-process path for ordinary pods (manifests/in-process) in place of the two
     fail-open webhook entries."""
-    resources = kubectl.json(["get", "--raw", "/apis/admissionregistration.k8s.io/v1"])["resources"]
+    resources = json.loads(kubectl.ok(["get", "--raw", "/apis/admissionregistration.k8s.io/v1"]))["resources"]
     return any(r["name"] == "mutatingadmissionpolicies" for r in resources)

@@ -30,6 +30,7 @@ from e2e.kube import Kubectl
 RELEASE = "gpushare"
 RELEASE_NAMESPACE = "kube-system"  # docs/helm.md: not the chart's own namespace, which the chart creates
 GPU_NODE_LABEL = "gpushare.io/gpu-memory=device-plugin"  # the chart's default devicePlugin.nodeSelector
+GPU_NODE_LABEL_KEY = GPU_NODE_LABEL.partition("=")[0]  # `kubectl label node N KEY-` takes it off
 NVML_DIR = "/opt/gpushare-e2e/nvml"  # where the plugin's container sees the fake library
 
 
@@ -158,7 +159,6 @@ def wait_node_serving(cluster: Cluster, timeout: float = 120) -> None:
             raise InstallError(f"the node offered no aliyun.com/gpu-mem or no aliyun.com/gpu-count within {timeout:g} s"
                                f" (allocatable memory, GPU count: {node_gpu_memory(cluster)})")
         time.sleep(1)
-
 
 
 def serves_mutating_policies(kubectl: Kubectl) -> bool:

@@ -38,6 +38,8 @@ READY = b"Registered device plugin with Kubelet"  # pkg/gpu/nvidia/server.go, Re
 ADMISSION_KINDS = ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration",
                    "ValidatingAdmissionPolicyBinding")
 _VOLATILE = ("resourceVersion", "uid", "creationTimestamp", "generation", "managedFields")
+
+
 def reference_rbac(source: Path) -> tuple[str, tuple[str, str]]:
     """The reference plugin's device-plugin-rbac.yaml as it is, and its ServiceAccount. Our cluster-scoped names
     differ from its own (manifests/base/device-plugin.yaml), so both stacks' RBAC live in one cluster unchanged."""

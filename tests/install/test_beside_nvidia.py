@@ -66,7 +66,7 @@ def both(request: pytest.FixtureRequest, cluster: Cluster) -> Iterator[Cluster]:
         install.helm(cluster, "uninstall", install.RELEASE, "--namespace", install.RELEASE_NAMESPACE,
                      "--ignore-not-found", install.wait())
         kubectl.run(["delete", "namespace", NVIDIA_NAMESPACE, "--wait=true"], timeout=180)
-        kubectl.ok(["label", "node", node, f"{NVIDIA_NODE_LABEL}-", f"{install.GPU_NODE_LABEL.split('=')[0]}-"])
+        kubectl.ok(["label", "node", node, f"{NVIDIA_NODE_LABEL}-", f"{install.GPU_NODE_LABEL_KEY}-"])
 
 
 def _env(container: dict[str, Any]) -> dict[str, list[str]]:

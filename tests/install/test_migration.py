@@ -30,7 +30,6 @@ from tests.harness.cluster import workloads as w
 pytestmark = pytest.mark.usefixtures("needs_extender")
 
 OLD, DURING, AFTER, BACK = "migrate-old", "migrate-during", "migrate-after", "migrate-back"
-OUR_LABEL_KEY = install.GPU_NODE_LABEL.split("=")[0]
 OURS_PODS = "app.kubernetes.io/name=gpushare-device-plugin"
 # The container that crashes on demand: it exits 3 once /tmp/crash exists, and the kubelet starts it again.
 CRASHABLE = 'while [ ! -e /tmp/crash ]; do sleep 1; done; exit 3'
@@ -47,7 +46,7 @@ def _switch(kubectl: Kubectl, node: str, *labels: str) -> None:
 def reference(cluster: Cluster) -> Iterator[Cluster]:
     kubectl = cluster.kubectl()
     node = cluster.settings.node_name
-    _switch(kubectl, node, f"{OUR_LABEL_KEY}-")
+    _switch(kubectl, node, f"{install.GPU_NODE_LABEL_KEY}-")
     for name in (OLD, DURING, AFTER, BACK):
         kubectl.ok(["create", "namespace", name])
     try:
@@ -62,7 +61,7 @@ def reference(cluster: Cluster) -> Iterator[Cluster]:
             kubectl.run(["delete", "namespace", name, "--wait=false"])
             kubectl.run(["delete", "pods", "--all", "-n", name, "--grace-period=0", "--force"], timeout=60)
         refinstall.uninstall(cluster)
-        _switch(kubectl, node, "gpushare-", f"{OUR_LABEL_KEY}-")
+        _switch(kubectl, node, "gpushare-", f"{install.GPU_NODE_LABEL_KEY}-")
 
 
 def _wait_reference_serving(cluster: Cluster, kubectl: Kubectl) -> None:
@@ -218,7 +217,7 @@ def test_new_pods_on_the_migrated_node_are_placed_exactly(reference: Cluster, ku
 
 def test_the_way_back_to_the_reference_plugin(reference: Cluster, kubectl: Kubectl) -> None:
     node = reference.settings.node_name
-    _switch(kubectl, node, f"{OUR_LABEL_KEY}-", refinstall.NODE_LABEL)
+    _switch(kubectl, node, f"{install.GPU_NODE_LABEL_KEY}-", refinstall.NODE_LABEL)
     w.wait("our plugin's pod gone", lambda: not w.pods(kubectl, gpushare.NAMESPACE, OURS_PODS), 120, 2)
     _wait_reference_serving(reference, kubectl)
     install.helm(reference, "uninstall", install.RELEASE, "--namespace", install.RELEASE_NAMESPACE, install.wait())

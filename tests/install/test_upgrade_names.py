@@ -51,7 +51,7 @@ def previous_chart(into: Path) -> Path:
 def previous(cluster: Cluster) -> Iterator[Cluster]:
     kubectl = cluster.kubectl()
     node = cluster.settings.node_name
-    kubectl.ok(["label", "node", node, f"{install.GPU_NODE_LABEL.split('=')[0]}-", OLD_LABEL, "--overwrite"])
+    kubectl.ok(["label", "node", node, f"{install.GPU_NODE_LABEL_KEY}-", OLD_LABEL, "--overwrite"])
     chart = previous_chart(cluster.run / "install" / "previous")
     values = install.write_values(cluster, cluster.run / "install" / "upgrade-names.yaml", certificates="self-signed")
     try:
@@ -64,7 +64,7 @@ def previous(cluster: Cluster) -> Iterator[Cluster]:
     finally:
         install.helm(cluster, "uninstall", install.RELEASE, "--namespace", install.RELEASE_NAMESPACE,
                      "--ignore-not-found", install.wait())
-        kubectl.ok(["label", "node", node, "gpushare-", f"{install.GPU_NODE_LABEL.split('=')[0]}-"])
+        kubectl.ok(["label", "node", node, "gpushare-", f"{install.GPU_NODE_LABEL_KEY}-"])
 
 
 def _running_on_recorded_gpu(cluster: Cluster, kubectl: Kubectl, namespace: str, name: str) -> dict[str, Any]:

@@ -14,14 +14,15 @@ from typing import Any
 
 import orjson
 from cryptography import x509
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from flask import Flask, Response, request
 from werkzeug.exceptions import RequestEntityTooLarge
 
 from common import logsetup
 from contract import pod_ref, read_annotations, signing
+from webhook.admit import mutate_create
 from webhook.metrics import WebhookMetrics
-from webhook.mutate import NoSigningKey, Patch, mutate, mutate_update
+from webhook.mutate import NoSigningKey, Patch, mutate_update
 from webhook.review import (
     VALIDATED_KINDS,
     MalformedReview,
@@ -58,6 +59,7 @@ class SigningKey:
     def __init__(self, settings: Settings, key: Ed25519PrivateKey | None) -> None:
         self._path = settings.signing_key
         self._key = key
+        self._public: Ed25519PublicKey | None = None
         self._lock = threading.Lock()
 
     def get(self) -> Ed25519PrivateKey:
@@ -72,6 +74,12 @@ class SigningKey:
                     ) from exc
                 self._key = signing.load_private_key(pem, self._path)
             return self._key
+
+    def public(self) -> Ed25519PublicKey:
+        """The public half of the key get() returns, derived once."""
+        if self._public is None:
+            self._public = self.get().public_key()
+        return self._public
 
     def get_or_problem(self) -> tuple[Ed25519PrivateKey | None, str]:
         """(the key, '') or (None, why it cannot be read, with the fix)."""
@@ -90,15 +98,17 @@ def _sub(req: Request) -> str:
     return f" pods/{sub}" if sub else ""
 
 
-def _mutation(req: Request, settings: Settings, key: SigningKey, new_id: Callable[[], str]) -> Patch:
-    """The patch; SigningKeyError when a GPU-share pod is to be stamped and the key cannot be read. Every other pod
-    reaches a fail-open entry and needs no signature, so it is mutated as ever (readiness reports the key)."""
+def _mutation(req: Request, settings: Settings, key: SigningKey,
+              new_id: Callable[[], str]) -> tuple[Patch, Verdict | None]:
+    """The patch, and for a GPU-share pod's CREATE the verdict on the pod it makes (webhook/admit.py);
+    SigningKeyError when a GPU-share pod is to be stamped or its intent checked and the key cannot be read. Every
+    other pod reaches a fail-open entry and needs no signature, so it is mutated as ever (readiness reports the key)."""
     if req["operation"] == "UPDATE" and req["oldObject"] is not None:  # pods/ephemeralcontainers
-        return mutate_update(req["oldObject"], req["object"], settings.contract)
+        return mutate_update(req["oldObject"], req["object"], settings.contract), None
     signer, problem = key.get_or_problem()
     try:
-        return mutate(req["object"], req["namespace"], settings.contract, signer, new_id,
-                      other_gpu=settings.other_gpu_resources)
+        return mutate_create(req["object"], req["namespace"], settings, signer,
+                             _NO_KEY if signer is None else key.public(), new_id)
     except NoSigningKey as exc:
         raise signing.SigningKeyError(problem) from exc
 
@@ -115,9 +125,15 @@ def _judge(req: Request, settings: Settings, key: SigningKey) -> Verdict:
             raise signing.SigningKeyError(problem)
     return validate(
         req["operation"], req["oldObject"], req["object"], username(req), req["namespace"], settings,
-        _NO_KEY if signer is None else signer.public_key(), token_node=token_node(req),
+        _NO_KEY if signer is None else key.public(), token_node=token_node(req),
         subresource=req.get("subResource", ""),
     )
+
+
+def _denial(req: Request, endpoint: str, verdict: Verdict) -> Review:
+    log.info("%s %s uid=%s %s%s denied: %s", endpoint, _describe(req), req["uid"], req["operation"], _sub(req),
+             verdict.message)
+    return respond(req["uid"], allowed=False, message=verdict.message)
 
 
 def _no_key(what: str, req: Request, problem: Exception, settings: Settings) -> str:
@@ -231,7 +247,7 @@ def create_app(
             count("mutate", started, "unknown", "malformed")
             return malformed(exc)
         try:
-            patch = _mutation(req, settings, key, new_id)
+            patch, verdict = _mutation(req, settings, key, new_id)
         except signing.SigningKeyError as exc:
             return failed(req, "mutate", started, _no_key("stamp GPU-share pod", req, exc, settings), trace=False)
         except Exception as exc:
@@ -239,6 +255,9 @@ def create_app(
                 f"The gpushare webhook could not stamp pod {_describe(req)} because of an internal error ({exc}); "
                 "check the gpushare-webhook logs in gpushare-system and create the pod again."
             ), trace=True)
+        if verdict is not None and not verdict.allowed:
+            count("mutate", started, req["operation"], "denied", verdict.reasons)
+            return answer(_denial(req, "mutate", verdict))
         log.info("mutate %s uid=%s %s%s ops=%s dryRun=%s", _describe(req), req["uid"], req["operation"],
                  _sub(req), len(patch), req["dryRun"])
         count("mutate", started, req["operation"], "allowed")
@@ -262,13 +281,12 @@ def create_app(
                 f"The gpushare webhook could not check pod {_describe(req)} because of an internal error ({exc}); "
                 "check the gpushare-webhook logs in gpushare-system and retry."
             ), trace=True)
-        if verdict.allowed:
-            log.debug("validate %s uid=%s %s%s allowed", _describe(req), req["uid"], req["operation"], _sub(req))
-        else:
-            log.info("validate %s uid=%s %s%s denied: %s", _describe(req), req["uid"], req["operation"], _sub(req),
-                     verdict.message)
-        count("validate", started, req["operation"], "allowed" if verdict.allowed else "denied", verdict.reasons)
-        return answer(respond(req["uid"], allowed=verdict.allowed, message=verdict.message))
+        if not verdict.allowed:
+            count("validate", started, req["operation"], "denied", verdict.reasons)
+            return answer(_denial(req, "validate", verdict))
+        log.debug("validate %s uid=%s %s%s allowed", _describe(req), req["uid"], req["operation"], _sub(req))
+        count("validate", started, req["operation"], "allowed")
+        return answer(respond(req["uid"]))
 
     @app.get("/healthz")
     def healthz() -> Any:

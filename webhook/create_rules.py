@@ -24,7 +24,10 @@ from webhook.envrules import container_problems, slots
 from webhook.problems import Pod, Policy, Problem, tagged
 
 
-def create_problems(pod: Pod, namespace: str, policy: Policy, public_key: Ed25519PublicKey) -> list[Problem]:
+def create_problems(pod: Pod, namespace: str, policy: Policy, public_key: Ed25519PublicKey, *,
+                    genuine: bool = False) -> list[Problem]:
+    """Every problem of the pod's CREATE; `genuine`: its intent and signature are the ones this webhook has just
+    stamped or recognised (webhook/admit.py), so the signature is not verified again."""
     contract = policy.contract
     annotations = read_annotations(pod)
     problems = tagged("reserved_annotation", (
@@ -38,7 +41,7 @@ def create_problems(pod: Pod, namespace: str, policy: Policy, public_key: Ed2551
     except ProtocolError as exc:
         problems.append(Problem(str(exc), "bad_spec"))
         demand = None
-    intent = _created_intent(pod, namespace, demand, contract, public_key, problems=problems)
+    intent = _created_intent(pod, namespace, demand, contract, None if genuine else public_key, problems=problems)
     problems.extend(tagged("container_env", container_problems(list(slots(pod)), contract,
                                                                 policy.other_gpu_resources)))
     if demand is None or not demand.wants_gpu:
@@ -58,10 +61,11 @@ def create_problems(pod: Pod, namespace: str, policy: Policy, public_key: Ed2551
 
 
 def _created_intent(
-    pod: Pod, namespace: str, demand: Demand | None, contract: Contract, public_key: Ed25519PublicKey,
+    pod: Pod, namespace: str, demand: Demand | None, contract: Contract, public_key: Ed25519PublicKey | None,
     *, problems: list[Problem],
 ) -> Intent | None:
-    """The intent stamped by the mutating webhook, appending a problem when it is absent or not genuine."""
+    """The intent stamped by the mutating webhook, appending a problem when it is absent or not genuine (`public_key`
+    None: known genuine, not verified)."""
     annotations = read_annotations(pod)
     intent_key, signature_key = contract.intent_key, contract.signature_key
     text, signature = annotations.get(intent_key), annotations.get(signature_key)
@@ -85,7 +89,7 @@ def _created_intent(
         present, missing = (intent_key, signature_key) if signature is None else (signature_key, intent_key)
         problems.append(Problem(f"annotation {present} is present without {missing}; {fix}", "forged_intent"))
         return None
-    if not signing.verify(public_key, text, namespace, signature):
+    if public_key is not None and not signing.verify(public_key, text, namespace, signature):
         problems.append(Problem(
             f"annotation {signature_key} does not verify for namespace {namespace}: this intent was not stamped "
             f"by the gpushare webhook for this pod (copied from another pod or edited); {fix}", "forged_intent",

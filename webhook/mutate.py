@@ -155,6 +155,15 @@ def mutate(
     no signature), a GPU-share pod raises NoSigningKey. `other_gpu` names other device plugins' GPU resources (whole
     GPUs): their containers are left alone.
     """
+    return mutate_stamped(pod, namespace, contract, signer, new_id, other_gpu=other_gpu)[0]
+
+
+def mutate_stamped(
+    pod: Mapping[str, Any], namespace: str, contract: Contract, signer: Ed25519PrivateKey | None,
+    new_id: Callable[[], str], *, other_gpu: Sequence[str] = (),
+) -> tuple[Patch, Intent | None]:
+    """mutate's patch, and the intent the patched pod carries where it is this webhook's: stamped now, or an earlier
+    stamp of its own whose signature verified and that still fits the spec (a reinvocation); None otherwise."""
     try:
         demand: Demand | None = demand_of(pod, contract.resource)  # parsed once, for both halves below
     except ProtocolError as exc:
@@ -163,7 +172,7 @@ def mutate(
     intent, ops = _intent_ops(pod, namespace, contract, signer, new_id, demand=demand)
     if contract.delivery == "env":
         ops.extend(_container_ops(pod, contract, intent, other_gpu, demand))
-    return ops
+    return ops, intent
 
 
 def mutate_update(old: Mapping[str, Any], new: Mapping[str, Any], contract: Contract) -> Patch:

@@ -36,12 +36,17 @@ def validate(  # noqa: PLR0917 - the call shape of the shared contract: (operati
     `token_node`: the node the caller's token is bound to (userInfo.extra), None where it names none.
     """
     if operation == "CREATE":
-        problems = create_problems(new, namespace, policy, public_key)
-    elif operation == "UPDATE" and old is not None:
-        problems = update_problems(old, new, username, policy, token_node, subresource)
-    else:
-        return ALLOWED
-    return _verdict(problems, pod_ref(new, namespace))
+        return create_verdict(new, namespace, policy, public_key)
+    if operation == "UPDATE" and old is not None:
+        return _verdict(update_problems(old, new, username, policy, token_node, subresource), pod_ref(new, namespace))
+    return ALLOWED
+
+
+def create_verdict(pod: Pod, namespace: str, policy: Policy, public_key: Ed25519PublicKey, *,
+                   genuine: bool = False) -> Verdict:
+    """The CREATE rules alone, as the mutating entry judges a GPU-share pod it has just stamped (webhook/admit.py;
+    `genuine`: the pod's intent is the webhook's own, its signature not checked again)."""
+    return _verdict(create_problems(pod, namespace, policy, public_key, genuine=genuine), pod_ref(pod, namespace))
 
 
 def validate_binding(binding: Pod, username: str, namespace: str, policy: Policy) -> Verdict:

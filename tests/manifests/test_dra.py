@@ -176,7 +176,7 @@ def test_the_pod_monitor_finds_the_drivers_pods(tmp_path: Path) -> None:
     assert [e["port"] for e in monitor["spec"]["podMetricsEndpoints"]] == ["metrics"] and "metrics" in ports
 
 
-@pytest.mark.parametrize("component", ["dra", "monitoring"])
+@pytest.mark.parametrize("component", ["dra", "monitoring", "in-process"])
 def test_every_object_of_a_component_is_labelled_ours(component: str, tmp_path: Path) -> None:
     """As the base's: an operator finds (and the install tier checks the removal of) every object of ours by
     app.kubernetes.io/part-of=gpushare."""

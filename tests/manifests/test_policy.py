@@ -148,8 +148,9 @@ def test_reserved_annotations_policy(case: str, operation: str, new: Pod, old: P
         assert denied in " ".join(messages), case
 
 
-POLICIES = {"gpushare-container-env", "gpushare-reserved-annotations", "gpushare-device-plugin-pods",
-            "gpushare-device-plugin-node", "gpushare-device-plugin-events", "gpushare-binding-annotations"}
+POLICIES = {"gpushare-container-env", "gpushare-gpu-share-pods", "gpushare-reserved-annotations",
+            "gpushare-device-plugin-pods", "gpushare-device-plugin-node", "gpushare-device-plugin-events",
+            "gpushare-binding-annotations"}
 
 
 def test_every_policy_has_a_binding_that_denies() -> None:

@@ -30,7 +30,8 @@ GROUPS = {
 }
 _NAME = re.compile(r"ALIYUN_COM_GPU_MEM_[A-Z_]*|gpushare\.io/[a-z-]*|[a-z0-9.-]+\.com/[a-z-]+")
 _LITERAL = re.compile(r"'([^']*)'|\"([^\"]*)\"")
-_LIST = re.compile(r"\[\s*('[^'\]]*'(?:\s*,\s*'[^'\]]*')*)\s*\]")
+# A list literal of strings; not an index (`limits['aliyun.com/gpu-mem']`, `annotations['ALIYUN_COM_GPU_MEM_IDX']`).
+_LIST = re.compile(r"(?<![\w\])])\[\s*('[^'\]]*'(?:\s*,\s*'[^'\]]*')*)\s*\]")
 
 
 def _expressions(doc: Any) -> Iterator[str]:

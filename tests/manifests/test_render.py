@@ -37,7 +37,7 @@ WEBHOOKS = [
     (MUTATING, "mutate.gpushare.io", "/mutate", "Fail", CREATE_AND_EPHEMERAL),
     (MUTATING, "neutralise.gpushare.io", "/mutate", "Ignore", CREATE_AND_EPHEMERAL),
     (VALIDATING, "validate.gpushare.io", "/validate", "Fail",
-     [(["CREATE", "UPDATE"], "pods"), (["UPDATE"], "pods/ephemeralcontainers")]),
+     [(["UPDATE"], "pods"), (["UPDATE"], "pods/ephemeralcontainers")]),
     (VALIDATING, "validate-status.gpushare.io", "/validate", "Fail", [(["UPDATE"], "pods/status")]),
     (VALIDATING, "validate-ordinary.gpushare.io", "/validate", "Ignore", CREATE_AND_EPHEMERAL),
     (VALIDATING, "validate-plugin.gpushare.io", "/validate", "Fail", [(["UPDATE"], ["pods", "pods/*"])]),
@@ -373,7 +373,7 @@ def test_match_conditions_use_the_configured_resource_and_prefix(overlay: str) -
         assert f"'{config['GPUSHARE_ANNOTATION_PREFIX']}'" in expression
         assert "'ALIYUN_COM_GPU_MEM_'" in expression
     policies = [o for o in objs if o["kind"] == "ValidatingAdmissionPolicy"]
-    assert len(policies) == 6
+    assert len(policies) == 7
     text = repr(policies)
     for value in (config["GPUSHARE_RESOURCE_NAME"], config["GPUSHARE_ANNOTATION_PREFIX"],
                   config["GPUSHARE_OTHER_GPU_RESOURCES"]):

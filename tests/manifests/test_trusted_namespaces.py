@@ -232,15 +232,16 @@ def in_namespace(p: Pod, namespace: str) -> Pod:
 
 
 def through_the_webhook(api: ApiServer, namespace: str, sent: Pod) -> tuple[Pod, str | None]:
-    """The pod as the mutating entries leave it, and the validating entries' denial (None: admitted)."""
+    """The pod as the mutating entries leave it, and the entries' denial (None: admitted). A GPU-share pod is judged
+    by the mutating entry that stamps it (webhook/admit.py); then it is left as sent."""
     api.add_namespace(namespace)
     attrs = Attributes(PODS, "CREATE", namespace, sent["metadata"]["name"], copy.deepcopy(sent), None, CREATOR)
-    mutated = api.chain.admit(attrs)
-    assert mutated is not None
     try:
+        mutated = api.chain.admit(attrs)
+        assert mutated is not None
         api.chain.validate(attrs)
     except ApiError as exc:
-        return mutated, exc.message
+        return copy.deepcopy(sent), exc.message
     return mutated, None
 
 
@@ -318,7 +319,7 @@ def test_a_gpu_share_pod_in_a_trusted_namespace_is_stamped_and_checked(
 
     forged = in_namespace(annotate(SHARE, {IDX: "0"}), namespace)
     _, denial = through_the_webhook(api, namespace, forged)
-    assert denial is not None and denial.startswith('admission webhook "validate.gpushare.io" denied'), denial
+    assert denial is not None and denial.startswith('admission webhook "mutate.gpushare.io" denied'), denial
     assert IDX in denial, denial
     refused = policy_verdicts(WITH_NVIDIA, namespace, forged)["gpushare-reserved-annotations"]
     assert refused and "The ALIYUN_COM_GPU_MEM_* and gpushare.io/allocation annotations are" in refused[0], refused
@@ -327,7 +328,7 @@ def test_a_gpu_share_pod_in_a_trusted_namespace_is_stamped_and_checked(
     # leaves the namespace out; while the webhook is down such a pod is not created at all.
     sidecar = in_namespace(SIDECAR_ALL, namespace)
     _, denial = through_the_webhook(api, namespace, sidecar)
-    assert denial is not None and denial.startswith('admission webhook "validate.gpushare.io" denied'), denial
+    assert denial is not None and denial.startswith('admission webhook "mutate.gpushare.io" denied'), denial
     assert "Container 'agent' sets NVIDIA_VISIBLE_DEVICES" in denial, denial
     assert policy_verdicts(WITH_NVIDIA, namespace, sidecar)["gpushare-container-env"] is None
 
@@ -353,7 +354,7 @@ def test_the_value_sets_the_rules_for_ordinary_pods_only(setting: Setting) -> No
         "gpushare-container-env": ordinary,
         # GPU-share pods and the reserved annotations: every namespace but gpushare-system, whatever the value.
         "mutate.gpushare.io": [SELF], "validate.gpushare.io": [SELF], "validate-status.gpushare.io": [SELF],
-        "gpushare-reserved-annotations": [SELF],
+        "gpushare-reserved-annotations": [SELF], "gpushare-gpu-share-pods": [SELF],
     }
 
 
@@ -363,5 +364,5 @@ def test_the_value_sets_the_rules_for_ordinary_pods_in_process_too(setting: Sett
     assert namespace_lists(rendered_on(IN_PROCESS, setting.sets, setting.set_json)) == {
         "gpushare-neutralise": ordinary, "gpushare-container-env": ordinary,
         "mutate.gpushare.io": [SELF], "validate.gpushare.io": [SELF], "validate-status.gpushare.io": [SELF],
-        "gpushare-reserved-annotations": [SELF],
+        "gpushare-reserved-annotations": [SELF], "gpushare-gpu-share-pods": [SELF],
     }

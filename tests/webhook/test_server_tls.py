@@ -98,11 +98,14 @@ def test_mutate_over_tls_and_apply_the_patch(hook: RunningWebhook, name: str | N
     assert f"Annotation {IDX} was added by bob" in verdict["response"]["status"]["message"]
 
 
-def test_validate_denies_a_user_set_visible_devices(hook: RunningWebhook) -> None:
+def test_a_user_set_visible_devices_is_denied_in_the_one_call_of_a_gpu_share_pod(hook: RunningWebhook) -> None:
+    """The mutating entry judges the GPU-share pod it stamps: no patch, the CREATE rules' denial; /validate says the
+    same of the pod (without the stamp it lacks the intent too)."""
     spec = pod(container("main", 1, env=[{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]))
     _, answer = hook.post_json("/mutate", review("CREATE", spec))
-    out = patched(answer, spec)
-    _, verdict = hook.post_json("/validate", review("CREATE", out))
+    assert answer["response"]["allowed"] is False and "patch" not in answer["response"]
+    assert "Container 'main' sets NVIDIA_VISIBLE_DEVICES itself" in answer["response"]["status"]["message"]
+    _, verdict = hook.post_json("/validate", review("CREATE", spec))
     assert verdict["response"]["allowed"] is False
     assert "Container 'main' sets NVIDIA_VISIBLE_DEVICES itself" in verdict["response"]["status"]["message"]
 

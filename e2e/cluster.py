@@ -35,9 +35,13 @@ TENANT = "tenant-user"  # an ordinary user: edit rights in the test namespaces, 
 
 
 class Cluster:
-    def __init__(self, settings: E2eSettings, toolchain: Toolchain) -> None:
+    def __init__(self, settings: E2eSettings, toolchain: Toolchain,
+                 extra_binary_images: dict[str, Path] | None = None) -> None:
+        """`extra_binary_images`: NAME:TAG -> program, more images of one program each for the registry to serve
+        (e2e.registry --binary-image), set before `up`."""
         self.settings = settings
         self.toolchain = toolchain
+        self.extra_binary_images = dict(extra_binary_images or {})
         self.run = settings.run_dir
         self.pki_dir = self.run / "pki"
         self.conf = self.run / "conf"
@@ -144,6 +148,8 @@ class Cluster:
         layouts = ["--oci-layout", str(tc.image.layout)] if tc.image is not None else []
         if tc.reference is not None:
             layouts += ["--binary-image", f"{PLUGIN_IMAGE}={tc.reference / PLUGIN_BINARY}"]
+        for image, program in self.extra_binary_images.items():
+            layouts += ["--binary-image", f"{image}={program}"]
         self.procs.start("registry", [sys.executable, "-m", "e2e.registry", "--port", str(s.port(ports.REGISTRY)),
                                       "--busybox", str(tc.busybox), "--pause", str(tc.pause), *layouts], cwd=REPO)
         registry = f"http://127.0.0.1:{s.port(ports.REGISTRY)}/v2/"

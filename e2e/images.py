@@ -89,8 +89,8 @@ def pause_image(pause: Path) -> Image:
 
 
 def binary_image(binary: Path, loader_paths: dict[str, Path]) -> Image:
-    """One dynamically linked program at /usr/bin/<its name>, with the files its loader needs (image path -> host
-    file: the C library and the loader itself, from `ldd`), and a /tmp: what a Go program built with cgo runs on."""
+    """One program at /usr/bin/<its name>, with the files its loader needs (image path -> host file: the C library
+    and the loader itself, from `ldd`; none for a static program), and a /tmp: what a Go program runs on."""
     files = {f"usr/bin/{binary.name}": (binary.read_bytes(), 0o755), "tmp/.keep": (b"", 0o644)}
     files.update({path.lstrip("/"): (host.read_bytes(), 0o755) for path, host in loader_paths.items()})
     return image([layer(files)], env=["PATH=/usr/bin:/bin"])

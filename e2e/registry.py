@@ -7,7 +7,8 @@ milliseconds: every such tag is a fresh pull of several seconds, as in the bug r
 served at once. With `--oci-layout DIR`, the images of an OCI image layout too (the project's own image, built by
 e2e.projectimage), as `gpushare-e2e/gpushare:<tag>` and `<tag>-upgrade` (the same image under a second tag, for
 the upgrade tests), their blobs read from the layout's files. With `--binary-image NAME:TAG=PROGRAM`, an image of
-that one program and the C library it links (images.binary_image; the reference device plugin's DaemonSet image).
+that one program and the C library it links, if any (images.binary_image; the reference device plugin's DaemonSet
+image, the benchmark's floor).
 Read-only: GET and
 HEAD of /v2/, manifests and blobs (the OCI distribution pull API).
 """
@@ -87,8 +88,13 @@ _LDD = re.compile(r"^\s*(?:\S+ => )?(/\S+) \(0x[0-9a-f]+\)$")
 
 
 def linked_files(program: Path) -> dict[str, Path]:
-    """The shared objects `ldd` resolves for a program, by the path the program's loader looks them up at."""
-    done = subprocess.run(["ldd", str(program)], capture_output=True, text=True, timeout=30, check=True)
+    """The shared objects `ldd` resolves for a program, by the path the program's loader looks them up at; none for
+    a static program (Go's with CGO_ENABLED=0), for which glibc's ldd exits 1 saying it is not dynamic."""
+    done = subprocess.run(["ldd", str(program)], capture_output=True, text=True, timeout=30, check=False)
+    if done.returncode != 0:
+        if "not a dynamic executable" in done.stdout + done.stderr:
+            return {}
+        raise subprocess.CalledProcessError(done.returncode, done.args, done.stdout, done.stderr)
     out: dict[str, Path] = {}
     for line in done.stdout.splitlines():
         found = _LDD.match(line)
@@ -162,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--oci-layout", type=Path, action="append", default=[],
                         help="an OCI image layout whose tagged images to serve as gpushare-e2e/gpushare:<tag>")
     parser.add_argument("--binary-image", action="append", default=[], metavar="NAME:TAG=PROGRAM",
-                        help="serve an image of one dynamically linked program as NAME:TAG")
+                        help="serve an image of one program (and the C library it links) as NAME:TAG")
     args = parser.parse_args(argv)
     store = Store(args.busybox, args.pause, tuple(args.oci_layout))
     for item in args.binary_image:

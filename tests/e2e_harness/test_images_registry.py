@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import subprocess
 import tarfile
 import urllib.error
 import urllib.request
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from e2e import images
-from e2e.registry import Store
+from e2e.registry import Store, linked_files
 from tests.e2e_harness.conftest import serving
 
 
@@ -99,3 +100,21 @@ def test_a_binary_image_holds_the_program_and_what_its_loader_needs(registry: st
     assert {f"usr/bin/{program.name}", "tmp/.keep"} <= names
     assert any(n.startswith("lib") and "/libc.so" in n for n in names), names
     assert any("ld-linux" in n for n in names), names
+
+
+def test_a_static_program_is_imaged_alone(tmp_path: Path) -> None:
+    """glibc's ldd exits 1 for an executable with no program interpreter (Go's with CGO_ENABLED=0); an ELF header
+    with nothing after it is one to ldd."""
+    program = tmp_path / "static-program"
+    program.write_bytes(b"\x7fELF" + bytes(60))
+    program.chmod(0o755)
+    assert linked_files(program) == {}
+    made = images.binary_image(program, linked_files(program))
+    [layer] = [blob for blob in made.blobs.values() if blob[:2] == b"\x1f\x8b"]
+    with tarfile.open(fileobj=io.BytesIO(gzip.decompress(layer))) as tar:
+        assert {n for n in tar.getnames() if not tar.getmember(n).isdir()} == {"usr/bin/static-program", "tmp/.keep"}
+
+
+def test_ldd_failing_otherwise_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(subprocess.CalledProcessError):
+        linked_files(tmp_path / "no-such-program")

@@ -192,7 +192,7 @@ def install_chart(cluster: Cluster) -> str:
 
 def measure(cluster: Cluster, values: str, size: int, patch: bytes) -> Run:
     kubectl = cluster.kubectl()
-    kinds = ADMISSION_KINDS + (MUTATING_POLICY_KINDS if install.serves_mutating_policies(kubectl) else ())
+    kinds = ADMISSION_KINDS + (MUTATING_POLICY_KINDS if gpushare.serves_mutating_policies(kubectl) else ())
     with_ours = {shape: burst(kubectl, workloads(shape, size)) for shape in SHAPES}
     with tier_floor.serving(cluster, patch):
         floor = burst(kubectl, workloads(GPU_SHARE, size))
@@ -231,7 +231,8 @@ def main(argv: list[str] | None = None) -> int:
     runs: list[Run] = []
     try:
         values = install_chart(cluster)
-        path = ("the MutatingAdmissionPolicy gpushare-neutralise" if install.serves_mutating_policies(cluster.kubectl())
+        in_process = gpushare.serves_mutating_policies(cluster.kubectl())
+        path = ("the MutatingAdmissionPolicy gpushare-neutralise" if in_process
                 else "the webhook entries neutralise.gpushare.io and validate-ordinary.gpushare.io")
         print(f"Kubernetes {settings.kubernetes_version}, ordinary pods handled by {path}; bursts of {args.size} pods",
               flush=True)

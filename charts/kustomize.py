@@ -42,12 +42,13 @@ def components() -> list[str]:
 
 
 def render(overlay: str, parts: Sequence[str] = (), extra: Mapping[str, Any] | None = None,
-           origins: bool = False) -> list[Obj]:
+           origins: bool = False, binary: str | None = None) -> list[Obj]:
     """The objects of manifests/<overlay> with the components `parts` added and the kustomization fields `extra`
     (images, replicas, patches ...) applied on top, as `kubectl apply -k` would send them.
 
     With `origins`, each object carries the manifest file it came from (relative to the repository) under
-    metadata.annotations[ORIGIN]; use `origin()` to read and remove it.
+    metadata.annotations[ORIGIN]; use `origin()` to read and remove it. `binary`: the kubectl to run (default: the
+    one on PATH).
     """
     with tempfile.TemporaryDirectory(prefix="gpushare-kustomize-") as tmp:
         here = Path(tmp)
@@ -63,8 +64,8 @@ def render(overlay: str, parts: Sequence[str] = (), extra: Mapping[str, Any] | N
         if origins:
             kustomization["buildMetadata"] = ["originAnnotations"]
         (here / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
-        done = subprocess.run([kubectl(), "kustomize", str(here)], capture_output=True, text=True, timeout=120,
-                              check=False)
+        done = subprocess.run([binary or kubectl(), "kustomize", str(here)], capture_output=True, text=True,
+                              timeout=120, check=False)
     if done.returncode != 0:
         raise RenderError(f"kubectl kustomize of manifests/{overlay} with {list(parts)} failed: "
                           f"{done.stderr.strip()}")

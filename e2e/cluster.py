@@ -49,6 +49,7 @@ class Cluster:
         self.server = f"https://127.0.0.1:{settings.port(ports.API_SERVER)}"
         self.delivery = "env"
         self.docs: list[dict[str, Any]] = []
+        self.components: tuple[str, ...] = ()  # kustomize components of the admission path (gpushare.path_components)
 
     # -- paths and clients ----------------------------------------------------------------------------
 
@@ -192,7 +193,8 @@ class Cluster:
 
     def _gpushare(self) -> None:
         s, kubectl = self.settings, self.kubectl()
-        self.docs = gpushare.render(kubectl)
+        self.components = gpushare.path_components(kubectl)
+        self.docs = gpushare.render(kubectl, components=self.components)
         gpushare.apply(kubectl, gpushare.for_cluster(self.docs, s.port(ports.WEBHOOK)))
         kubectl.ok(["apply", "-f", "-"], stdin=gpushare.EXTENDER_RBAC)
         _run_checked([sys.executable, "-m", "certs.cli", "install", "--namespace", gpushare.NAMESPACE,
@@ -330,10 +332,18 @@ class Cluster:
         self.procs.stop("dra-plugin")
 
     def use_delivery(self, delivery: str) -> None:
-        """Switch the cluster-wide delivery mode: the ConfigMap, then the webhook and the plugin restarted."""
+        """Switch the cluster-wide delivery mode: the ConfigMap, then the webhook and the plugin restarted; on the
+        in-process path the policy gpushare-neutralise is there in env delivery only, as the chart renders it."""
         self.delivery = delivery
-        self.kubectl().ok(["patch", "configmap", "gpushare-config", "-n", gpushare.NAMESPACE, "--type=merge",
-                           "-p", f'{{"data":{{"GPUSHARE_DELIVERY":"{delivery}"}}}}'])
+        kubectl = self.kubectl()
+        kubectl.ok(["patch", "configmap", "gpushare-config", "-n", gpushare.NAMESPACE, "--type=merge",
+                    "-p", f'{{"data":{{"GPUSHARE_DELIVERY":"{delivery}"}}}}'])
+        neutralise = [d for d in self.docs if d["kind"] in gpushare.NEUTRALISE_KINDS]
+        if neutralise and delivery == "env":
+            gpushare.apply(kubectl, neutralise)
+        elif neutralise:
+            for doc in neutralise:
+                kubectl.ok(["delete", doc["kind"].lower(), doc["metadata"]["name"], "--ignore-not-found"])
         self.procs.stop("device-plugin")
         self.stop_webhook()
         self.start_webhook()

@@ -9,12 +9,14 @@ the serving certificate therefore also names 127.0.0.1 (`gpushare-certs install 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from charts import kustomize
 from e2e import volumes
 from e2e.kube import Kubectl
 
@@ -24,14 +26,35 @@ HOST_RUN_KINDS = {"Deployment", "DaemonSet", "PodDisruptionBudget"}
 EXTENDER_SA = ("kube-system", "gpushare-schd-extender")
 PLUGIN_SA = (NAMESPACE, "gpushare-device-plugin")
 DRA_SA = (NAMESPACE, "gpushare-dra-plugin")  # manifests/dra: the component must be applied first
+IN_PROCESS = "in-process"
+# The in-process component's policy: it adds NVIDIA_VISIBLE_DEVICES=void in env delivery only (the chart leaves it out
+# in cdi delivery; docs/deploy.md says to delete it in a cdi overlay).
+NEUTRALISE_KINDS = ("MutatingAdmissionPolicyBinding", "MutatingAdmissionPolicy")
 
 # The scheduler extender's ServiceAccount and RBAC, as users apply them (see that file for where they come from).
 EXTENDER_RBAC = (REPO / "manifests" / "extender" / "rbac.yaml").read_text()
 
 
-def render(kubectl: Kubectl, overlay: str = "self-signed") -> list[dict[str, Any]]:
+def render(kubectl: Kubectl, overlay: str = "self-signed", components: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """manifests/<overlay>, with the kustomize components added as docs/deploy.md says to add them."""
+    if components:
+        return kustomize.render(overlay, components, binary=kubectl.binary)
     text = kubectl.ok(["kustomize", str(REPO / "manifests" / overlay)])
     return [doc for doc in yaml.safe_load_all(text) if doc]
+
+
+def serves_mutating_policies(kubectl: Kubectl) -> bool:
+    """Whether the API server serves MutatingAdmissionPolicy at admissionregistration.k8s.io/v1 (Kubernetes 1.36 and
+    later), where the chart renders the in-process path for ordinary pods (manifests/in-process) in place of the two
+    fail-open webhook entries."""
+    resources = json.loads(kubectl.ok(["get", "--raw", "/apis/admissionregistration.k8s.io/v1"]))["resources"]
+    return any(r["name"] == "mutatingadmissionpolicies" for r in resources)
+
+
+def path_components(kubectl: Kubectl) -> tuple[str, ...]:
+    """The components a user adds on this cluster: manifests/in-process where MutatingAdmissionPolicy v1 is served
+    (docs/deploy.md, "Ordinary pods inside the API server"), as the chart's inProcess.enabled=auto picks."""
+    return (IN_PROCESS,) if serves_mutating_policies(kubectl) else ()
 
 
 def for_cluster(docs: list[dict[str, Any]], webhook_port: int) -> list[dict[str, Any]]:

@@ -25,7 +25,6 @@ from e2e import gpushare, node
 from e2e import settings as ports
 from e2e.cluster import REPO, Cluster
 from e2e.fakenvml import EVENTS_ENV
-from e2e.kube import Kubectl
 
 RELEASE = "gpushare"
 RELEASE_NAMESPACE = "kube-system"  # docs/helm.md: not the chart's own namespace, which the chart creates
@@ -159,11 +158,3 @@ def wait_node_serving(cluster: Cluster, timeout: float = 120) -> None:
             raise InstallError(f"the node offered no aliyun.com/gpu-mem or no aliyun.com/gpu-count within {timeout:g} s"
                                f" (allocatable memory, GPU count: {node_gpu_memory(cluster)})")
         time.sleep(1)
-
-
-def serves_mutating_policies(kubectl: Kubectl) -> bool:
-    """Whether the API server serves MutatingAdmissionPolicy at admissionregistration.k8s.io/v1 (Kubernetes 1.36 and
-    later), where the chart renders the in-process path for ordinary pods (manifests/in-process) in place of the two
-    fail-open webhook entries."""
-    resources = json.loads(kubectl.ok(["get", "--raw", "/apis/admissionregistration.k8s.io/v1"]))["resources"]
-    return any(r["name"] == "mutatingadmissionpolicies" for r in resources)

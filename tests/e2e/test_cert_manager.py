@@ -50,7 +50,7 @@ SELF_SIGNED_STATE = (("secret", "gpushare-webhook-tls"), ("secret", "gpushare-we
 
 def overlay(cluster: Cluster) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """The rendered overlay as the tier applies it, and the signing-key Job it runs on the host."""
-    docs = gpushare.for_cluster(gpushare.render(cluster.kubectl(), "cert-manager"),
+    docs = gpushare.for_cluster(gpushare.render(cluster.kubectl(), "cert-manager", cluster.components),
                                 cluster.settings.port(ports.WEBHOOK))
     job = next(d for d in docs if d["kind"] == "Job")
     applied = [d for d in docs if d["kind"] != "Job"]

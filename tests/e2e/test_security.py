@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from e2e import gpushare
 from e2e.cluster import Cluster
 from e2e.kube import Kubectl
 from tests.harness.cluster import workloads as w
@@ -58,29 +59,44 @@ def _legacy_and_prefixed(img: str) -> tuple[dict[str, Any], dict[str, Any]]:
     return legacy, prefixed
 
 
+def _voided(kubectl: Kubectl, namespace: str, name: str) -> bool:
+    made = next(p for p in w.pods(kubectl, namespace) if p["metadata"]["name"] == name)
+    return {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"} in made["spec"]["containers"][0]["env"]
+
+
 def test_gpu_selection_outside_env_is_refused_by_the_policy_while_the_webhook_is_down(
         cluster: Cluster, delivery: str, kubectl: Kubectl, namespace: str) -> None:
-    """Security issue, medium 3: with the webhook down nothing adds `void`, so the in-server policy must refuse
-    `kubectl run x --image=busybox --env=CUDA_VERSION=12.4` and an envFrom prefix that forms NVIDIA_VISIBLE_DEVICES,
-    in both delivery modes, while an ordinary pod is still created."""
+    """Security issue, medium 3: on the webhook path nothing adds `void` while the webhook is down, so the in-server
+    policy must refuse `kubectl run x --image=busybox --env=CUDA_VERSION=12.4` and an envFrom prefix that forms
+    NVIDIA_VISIBLE_DEVICES, in both delivery modes, while an ordinary pod is still created. On the in-process path
+    (Kubernetes 1.36 and newer) the policy gpushare-neutralise adds `void` in env delivery inside the API server, so
+    those pods are created neutralised with the webhook down as with it up."""
     tenant = cluster.kubectl(as_tenant=True)
     legacy, prefixed = _legacy_and_prefixed(w.image(cluster))
+    in_process = gpushare.IN_PROCESS in cluster.components and delivery == "env"
     cluster.stop_webhook()
     try:
         code, out = w.create(tenant, namespace, legacy)
-        assert code != 0 and "gpushare-container-env" in out and "sets CUDA_VERSION" in out, out
+        if in_process:
+            assert code == 0 and _voided(kubectl, namespace, "legacy"), out
+        else:
+            assert code != 0 and "gpushare-container-env" in out and "sets CUDA_VERSION" in out, out
         code, out = w.create(tenant, namespace, prefixed)
-        assert code != 0 and "gpushare-container-env" in out and "with prefix NVIDIA_" in out, out
+        if in_process:
+            assert code == 0 and _voided(kubectl, namespace, "prefixed"), out
+        else:
+            assert code != 0 and "gpushare-container-env" in out and "with prefix NVIDIA_" in out, out
         code, out = w.create(tenant, namespace, w.pod("plain", [w.container("main", w.image(cluster))]))
         assert code == 0, f"an ordinary pod must be created while the webhook is down: {out}"
+        if in_process:
+            assert _voided(kubectl, namespace, "plain")
+            kubectl.ok(["delete", "pods", "legacy", "prefixed", "-n", namespace, "--wait=true"], timeout=120)
     finally:
         cluster.start_webhook()
     for spec in (legacy, prefixed):
         code, out = w.create(tenant, namespace, spec)
         if delivery == "env":  # the mutation adds void, which wins over both: created, neutralised
             assert code == 0, out
-            made = next(p for p in w.pods(kubectl, namespace) if p["metadata"]["name"] == spec["metadata"]["name"])
-            env = made["spec"]["containers"][0]["env"]
-            assert {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"} in env, env
+            assert _voided(kubectl, namespace, spec["metadata"]["name"])
         else:  # cdi delivery adds no void: the webhook refuses it itself
             assert code != 0 and "gpushare denied pod" in out and "NVIDIA_VISIBLE_DEVICES=void" in out, out

@@ -128,7 +128,7 @@ def test_with_the_webhook_down_nvidias_pods_still_pass_and_the_tenants_copy_is_s
         assert code == 0, text
         created = next(p for p in w.pods(kubectl, namespace) if p["metadata"]["name"] == "cuda")
         voided = _env(created["spec"]["containers"][0]).get("NVIDIA_VISIBLE_DEVICES", [])
-        assert voided == (["void"] if install.serves_mutating_policies(kubectl) else []), voided
+        assert voided == (["void"] if gpushare.serves_mutating_policies(kubectl) else []), voided
     finally:
         kubectl.ok(["scale", *deployment, "--replicas=2"])
         install.wait_serving(both, timeout=240)

@@ -50,7 +50,7 @@ def assert_nothing_of_ours_left(kubectl: Kubectl) -> None:
     """The namespace gone, and no cluster-wide object of ours that could refuse or delay a pod."""
     w.wait("the namespace gpushare-system gone",
            lambda: kubectl.run(["get", "namespace", gpushare.NAMESPACE], timeout=10)[0] != 0, 180, 2)
-    kinds = CLUSTER_KINDS + (MUTATING_POLICY_KINDS if install.serves_mutating_policies(kubectl) else ())
+    kinds = CLUSTER_KINDS + (MUTATING_POLICY_KINDS if gpushare.serves_mutating_policies(kubectl) else ())
     left = {kind: [o["metadata"]["name"] for o in kubectl.json(["get", kind, "-l", PART_OF])["items"]]
             for kind in kinds}
     assert all(not names for names in left.values()), left

@@ -134,17 +134,20 @@ def burst(kubectl: Kubectl, sets: list[dict[str, Any]]) -> Burst:
 
 
 def admission_state(kubectl: Kubectl) -> tuple[bool, bool]:
-    """(an ordinary pod gets NVIDIA_VISIBLE_DEVICES=void, a GPU-share pod gets our intent) in a server-side dry run:
-    our objects reach the API server's admission a moment after they are written or deleted."""
-    def dry_run(rs: dict[str, Any]) -> dict[str, Any]:
+    """(an ordinary pod gets NVIDIA_VISIBLE_DEVICES=void, a GPU-share pod gets our intent or is refused) in a
+    server-side dry run: our objects reach the API server's admission a moment after they are written or deleted,
+    and a policy still there while the webhook configuration is gone refuses the unstamped pod."""
+    def dry_run(rs: dict[str, Any]) -> dict[str, Any] | None:
         pod = template_pod(rs, "default")
         pod["metadata"]["name"] = "admission-probe"
-        out = kubectl.ok(["create", "--dry-run=server", "-o", "json", "-f", "-"], stdin=json.dumps(pod), timeout=30)
-        return dict(json.loads(out))
+        code, out, _ = kubectl.run(["create", "--dry-run=server", "-o", "json", "-f", "-"], stdin=json.dumps(pod),
+                                   timeout=30)
+        return dict(json.loads(out)) if code == 0 else None
 
     ordinary, shared = dry_run(replicaset("ordinary", 1, ORDINARY_CONTAINER)), dry_run(workloads(GPU_SHARE, 1)[0])
-    voided = {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"} in (ordinary["spec"]["containers"][0].get("env") or [])
-    return voided, "gpushare.io/intent" in (shared["metadata"].get("annotations") or {})
+    voided = ordinary is not None and {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"} in (
+        ordinary["spec"]["containers"][0].get("env") or [])
+    return voided, shared is None or "gpushare.io/intent" in (shared["metadata"].get("annotations") or {})
 
 
 def ours(items: list[dict[str, Any]]) -> list[str]:

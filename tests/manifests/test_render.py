@@ -276,6 +276,9 @@ def test_device_plugin_daemonset(overlay: str) -> None:
         "/var/lib/kubelet/pod-resources": ("/var/lib/kubelet/pod-resources", "Directory"),
         "/var/run/cdi": ("/var/run/cdi", "DirectoryOrCreate"),
     }
+    # Written to: the plugin's socket and CDI specs. The PodResources socket is only connected to.
+    writable = {m["mountPath"] for m in ctr["volumeMounts"] if not m.get("readOnly")}
+    assert writable == {"/var/lib/kubelet/device-plugins", "/var/run/cdi", "/tmp"}
     verify = next(name for name, v in volumes.items() if "configMap" in v)
     assert volumes[verify]["configMap"]["name"] == "gpushare-verify-key"
     assert mounts[verify] == "/etc/gpushare/verify"

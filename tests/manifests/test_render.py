@@ -17,10 +17,10 @@ from tests.harness.manifests.render import (
     env_of,
     find,
     hardened,
-    kubectl,
     objects,
     pod_spec,
     render,
+    render_with_component,
 )
 
 pytestmark = pytest.mark.timeout(60)
@@ -389,8 +389,8 @@ def test_match_conditions_use_the_configured_resource_and_prefix(overlay: str) -
 def test_one_image_and_real_entry_points(overlay: str) -> None:
     """Every workload of the overlay and of every component runs the one pinned image and a console script the
     project installs."""
-    kubectl()
-    objs = kustomize.render(overlay, kustomize.components())
+    first, *more = kustomize.components()
+    objs = render_with_component(overlay, first, MANIFESTS, *more)
     images = set()
     commands = set()
     for obj in objs:

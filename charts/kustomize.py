@@ -44,7 +44,10 @@ def components() -> list[str]:
 def render(overlay: str, parts: Sequence[str] = (), extra: Mapping[str, Any] | None = None,
            origins: bool = False, binary: str | None = None) -> list[Obj]:
     """The objects of manifests/<overlay> with the components `parts` added and the kustomization fields `extra`
-    (images, replicas, patches ...) applied on top, as `kubectl apply -k` would send them.
+    (images, replicas, patches ...) applied on top, as `kubectl apply -k` would send them: exactly a kustomization
+    of those fields around the overlay. Such a kustomization does not give a component's workload the overlay's
+    image (kustomize applies an overlay's `images:` only to its own objects); pass `overlay_images(overlay)` in
+    `extra` for that, as docs/deploy.md tells users to repeat the entry.
 
     With `origins`, each object carries the manifest file it came from (relative to the repository) under
     metadata.annotations[ORIGIN]; use `origin()` to read and remove it. `binary`: the kubectl to run (default: the
@@ -58,7 +61,6 @@ def render(overlay: str, parts: Sequence[str] = (), extra: Mapping[str, Any] | N
             "kind": "Kustomization",
             "resources": [os.path.relpath(MANIFESTS / overlay, here)],
             "components": [os.path.relpath(MANIFESTS / p, here) for p in parts],
-            **overlay_images(overlay, parts),
             **(extra or {}),
         }
         if origins:
@@ -72,12 +74,8 @@ def render(overlay: str, parts: Sequence[str] = (), extra: Mapping[str, Any] | N
     return [doc for doc in yaml.safe_load_all(done.stdout) if doc]
 
 
-def overlay_images(overlay: str, parts: Sequence[str]) -> Obj:
-    """The overlay's `images:` entry, for a kustomization that adds components around it: an overlay's transformers
-    reach only its own resources, so a component's workload gets the overlay's image as if the component were
-    listed in the overlay itself (as docs/deploy.md says to add one)."""
-    if not parts:
-        return {}
+def overlay_images(overlay: str) -> Obj:
+    """The overlay's `images:` entry as kustomization fields (empty when it has none)."""
     doc = yaml.safe_load((MANIFESTS / overlay / "kustomization.yaml").read_text()) or {}
     return {"images": doc["images"]} if doc.get("images") else {}
 

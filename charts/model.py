@@ -121,8 +121,10 @@ def merge(base: Any, variant: Any, only_variant: str, only_base: str, where: str
 
 
 def _rendered(overlay: str, parts: tuple[str, ...] = ()) -> dict[tuple[str, str, str], tuple[Obj, str]]:
+    """The overlay with the components `parts`, every workload on the overlay's pinned image (the default of the
+    chart's one image value, charts/knobs.py), the components' too."""
     out = {}
-    for obj in kustomize.render(overlay, parts, origins=True):
+    for obj in kustomize.render(overlay, parts, kustomize.overlay_images(overlay) if parts else None, origins=True):
         source = kustomize.origin(obj)
         out[key(obj)] = (obj, source)
     return out

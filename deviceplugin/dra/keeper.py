@@ -71,29 +71,41 @@ class SliceKeeper:
         sentence = "T" + pool[1:]
         try:
             existing = self.api.list_slices(self.node)
-            retry = self._steps_unwritten + 1 >= CAPACITY_RETRY_STEPS
-            writes, deletes = pool_plan(existing, self.wanted(), consumable_capacity=not self.capacity_dropped or retry)
-            if not writes and not deletes:
-                self._steps_unwritten += 1
-                if self.capacity_dropped:
-                    self._capacity_error()
-                else:
-                    self._note("current", logging.INFO, "%s are published and current.", sentence)
-                return False
-            stored = [self.api.write_slice(body) for body in writes]
-            for name in deletes:
-                self.api.delete_slice(name)
         except ApiServerError as exc:
             self.failures += 1
             self._note(f"failed: {exc}", logging.WARNING, "Could not publish %s: %s; the scheduler allocates no "
                        "claim to a GPU whose slice is missing. Trying again every %g s (GPUSHARE_DRA_RESYNC_SECONDS); "
                        "check the driver's API server access.", pool, exc, self.interval)
             return False
+        retry = self._steps_unwritten + 1 >= CAPACITY_RETRY_STEPS
+        writes, deletes = pool_plan(existing, self.wanted(), consumable_capacity=not self.capacity_dropped or retry)
+        if not writes and not deletes:
+            self._steps_unwritten += 1
+            if self.capacity_dropped:
+                self._capacity_error()
+            else:
+                self._note("current", logging.INFO, "%s are published and current.", sentence)
+            return False
+        stored, failed = self._apply(writes, deletes)
+        if failed:
+            # One refused write (another writer's slice, a policy, a conflict) must not keep the node's other GPUs
+            # unpublished: every other write and delete was made; the next step reads again and retries the rest.
+            self.failures += 1
+            self._note(f"failed: {failed}", logging.WARNING, "Could not make %d of the %d changes to %s (%s); the "
+                       "others were made. The scheduler allocates no claim to a GPU whose slice is missing, and "
+                       "none from a pool while its slices disagree. Trying again every %g s "
+                       "(GPUSHARE_DRA_RESYNC_SECONDS); check the driver's API server access and the ResourceSlices "
+                       "of node %s.", len(failed), len(writes) + len(deletes), pool, "; ".join(failed),
+                       self.interval, self.node)
+            if not stored:
+                return False
         self.writes += 1
         self._steps_unwritten = 0
-        if any(capacity_dropped(body, answer) for body, answer in zip(writes, stored, strict=True)):
+        if any(capacity_dropped(body, answer) for body, answer in stored):
             self.capacity_dropped = True
             self._capacity_error()
+            return True
+        if failed:
             return True
         self._found = "current"  # this line says so: the next step that finds them current is quiet
         if self.capacity_dropped:
@@ -106,6 +118,24 @@ class SliceKeeper:
                if not existing else "differed from this node's GPUs")
         log.info("%s %s; published %d, deleted %d.", sentence, why, len(writes), len(deletes))
         return True
+
+    def _apply(self, writes: list[dict[str, Any]], deletes: list[str]) -> tuple[
+            list[tuple[dict[str, Any], Mapping[str, Any] | None]], list[str]]:
+        """Every write and delete of a plan, each on its own: (each written body with the API server's answer, the
+        text of each failure)."""
+        stored: list[tuple[dict[str, Any], Mapping[str, Any] | None]] = []
+        failed: list[str] = []
+        for body in writes:
+            try:
+                stored.append((body, self.api.write_slice(body)))
+            except ApiServerError as exc:
+                failed.append(str(exc))
+        for name in deletes:
+            try:
+                self.api.delete_slice(name)
+            except ApiServerError as exc:
+                failed.append(str(exc))
+        return stored, failed
 
     def _capacity_error(self) -> None:
         self._note(

@@ -42,13 +42,15 @@ class KubeDra:
         return [item for item in items if isinstance(item, dict)]
 
     def write_slice(self, body: Mapping[str, Any]) -> dict[str, Any] | None:
-        """Create `body` (from deviceplugin.dra.slice.pool_plan), or replace the slice whose resourceVersion it
-        carries (Conflict, an ApiServerError, when another writer came first: the keeper's next step reads again).
-        Returns the slice as the API server stored it (None when it was deleted meanwhile): what its feature gates
-        kept of the body."""
-        name = str(body["metadata"]["name"])
-        if body["metadata"].get("resourceVersion"):
+        """Create `body` (from deviceplugin.dra.slice.pool_plan) under a name the API server generates, or replace
+        the slice whose name and resourceVersion it carries (Conflict, an ApiServerError, when another writer came
+        first: the keeper's next step reads again). Returns the slice as the API server stored it (None when it was
+        deleted meanwhile): what its feature gates kept of the body."""
+        metadata = body["metadata"]
+        if metadata.get("resourceVersion"):
+            name = str(metadata["name"])
             return self.api.resource_v1(f"update ResourceSlice {name}", "replace_resource_slice", name, body)
+        name = str(metadata.get("name") or f"{metadata.get('generateName')}<generated>")
         return self.api.resource_v1(f"create ResourceSlice {name}", "create_resource_slice", body)
 
     def delete_slice(self, name: str) -> None:

@@ -17,10 +17,15 @@ _NAME_MAX = 253  # metadata.name: a DNS subdomain
 _NOT_NAME_RE = re.compile(r"[^a-z0-9.-]+")
 
 
-def slice_name(node: str, index: int) -> str:
-    """`<node>-<driver>-gpu-<index>` as a DNS subdomain: lower case, other characters replaced, cut to 253."""
-    name = _NOT_NAME_RE.sub("-", f"{node}-{DRA_DRIVER}".lower())[:_NAME_MAX - 12].strip(".-") or DRA_DRIVER
-    return f"{name}-{DEVICE_PREFIX}{index}"
+def slice_prefix(node: str, index: int) -> str:
+    """The generateName of the slice of GPU `index`: `<node>-<driver>-gpu-<index>-` as a DNS subdomain (lower case,
+    other characters replaced, cut to 253). The API server keeps its first 58 characters and appends five random
+    ones (k8s.io/apiserver pkg/storage/names/generate.go, MaxGeneratedNameLength), and retries another name when that
+    one is taken (pkg/registry/generic/registry/store.go, createWithGenerateNameRetry): no other writer can hold the
+    name a slice of this node needs. The slices policy (manifests/dra/slice-policy.yaml) lets the driver on a node
+    create only names that begin as this prefix does."""
+    name = _NOT_NAME_RE.sub("-", f"{node}-{DRA_DRIVER}".lower())[:_NAME_MAX - 13].strip(".-") or DRA_DRIVER
+    return f"{name}-{DEVICE_PREFIX}{index}-"
 
 
 def gpu_device(gpu: Gpu, unit: Unit) -> dict[str, Any]:
@@ -67,7 +72,7 @@ def pool_slices(
     return [{
         "apiVersion": API_VERSION,
         "kind": "ResourceSlice",
-        "metadata": {"name": slice_name(node, gpu.index)},
+        "metadata": {"generateName": slice_prefix(node, gpu.index)},
         "spec": {
             "driver": DRA_DRIVER,
             "nodeName": node,
@@ -139,30 +144,49 @@ def _generation(item: Mapping[str, Any]) -> int:
     return generation if isinstance(generation, int) else 0
 
 
+def _name(item: Mapping[str, Any]) -> str:
+    return str((item.get("metadata") or {}).get("name"))
+
+
+def _device(item: Mapping[str, Any]) -> str | None:
+    """The name of the one device a slice of this driver holds (None for any other shape)."""
+    devices = (item.get("spec") or {}).get("devices") or []
+    return str(devices[0].get("name")) if len(devices) == 1 and isinstance(devices[0], Mapping) else None
+
+
 def pool_plan(
     existing: Sequence[Mapping[str, Any]], wanted: Sequence[Mapping[str, Any]], *, consumable_capacity: bool = True
 ) -> tuple[list[dict[str, Any]], list[str]]:
     """What to write and which slices to delete so the API server holds `wanted` (from pool_slices): nothing when
     every slice already says the same at one generation; else every wanted slice at the next generation (consumers
-    use only a pool's highest generation, so all its slices move together), each with its existing
-    resourceVersion (a concurrent writer then gets 409 instead of being overwritten), and the others deleted.
+    use only a pool's highest generation, so all its slices move together), and the others deleted.
+
+    A stored slice stands for the wanted one that holds the same device, whatever its name (the API server names
+    them: slice_prefix): it is replaced with its resourceVersion (a concurrent writer then gets 409 instead of being
+    overwritten), and a wanted slice that none stands for is created by generateName. Of two stored slices holding
+    one device (two writers created it at once) the first by name stands, so both writers keep the same one.
     With `consumable_capacity` False (the API server drops it), a slice stored as such a server stores the wanted
     one counts as the same, so the pool is not written again and again."""
-    by_name = {str((e.get("metadata") or {}).get("name")): e for e in existing}
-    names = [str(w["metadata"]["name"]) for w in wanted]
+    standing: dict[str, Mapping[str, Any]] = {}
+    for item in sorted(existing, key=_name):
+        device = _device(item)
+        if device is not None:
+            standing.setdefault(device, item)
+    matched = {_device(w): standing[d] for w in wanted if (d := _device(w)) is not None and d in standing}
+    kept = {id(item) for item in matched.values()}
+    deletes = sorted(_name(e) for e in existing if id(e) not in kept)
     generations = {_generation(e) for e in existing}
-    if (set(by_name) == set(names) and len(generations) <= 1
-            and all(_published(by_name[n].get("spec") or {}) == _published(w["spec"], consumable_capacity)
-                    for n, w in zip(names, wanted, strict=True))
-            and all(((by_name[n].get("spec") or {}).get("pool") or {}).get("resourceSliceCount") == len(wanted)
-                    for n in names)):
+    if (not deletes and len(matched) == len(wanted) and len(generations) <= 1
+            and all(_published(matched[_device(w)].get("spec") or {}) == _published(w["spec"], consumable_capacity)
+                    and ((matched[_device(w)].get("spec") or {}).get("pool") or {}).get("resourceSliceCount")
+                    == len(wanted) for w in wanted)):
         return [], []
     generation = max(generations, default=0) + 1
     writes = []
-    for name, slice_ in zip(names, wanted, strict=True):
-        metadata = dict(slice_["metadata"])
-        if name in by_name:
-            metadata["resourceVersion"] = (by_name[name].get("metadata") or {}).get("resourceVersion")
+    for slice_ in wanted:
+        stored = matched.get(_device(slice_))
+        metadata = dict(slice_["metadata"]) if stored is None else {
+            "name": _name(stored), "resourceVersion": (stored.get("metadata") or {}).get("resourceVersion")}
         spec = {**slice_["spec"], "pool": {**slice_["spec"]["pool"], "generation": generation}}
         writes.append({**slice_, "metadata": metadata, "spec": spec})
-    return writes, sorted(set(by_name) - set(names))
+    return writes, deletes

@@ -223,6 +223,29 @@ def test_overlay_installed_by_cert_manager_stamps_and_runs_gpu_pods(cert_managed
     assert workloads.assigned_index(running) is not None
 
 
+def test_the_signing_key_jobs_identity_creates_nothing_but_the_key_pair(cert_managed: Cluster) -> None:
+    """Its Role may create any Secret or ConfigMap of the namespace and outlives the Job; the overlay's policy refuses
+    every create but the key pair's, a ServiceAccount token Secret for another identity above all (the Job itself
+    made the pair through the same policy, in the fixture)."""
+    account = "gpushare-certs"
+    job = Rest(cert_managed.server, cert_managed.pki_dir / "ca.crt",
+               token=gpushare.token(cert_managed.kubectl(), NS, account))
+    token_secret = {"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/service-account-token",
+                    "metadata": {"name": "gpushare-e2e-minted",
+                                 "annotations": {"kubernetes.io/service-account.name": gpushare.PLUGIN_SA[1]}}}
+    other = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "gpushare-e2e-other"}, "data": {}}
+    for plural, body, what in (("secrets", token_secret,
+                                "Secret gpushare-e2e-minted of type kubernetes.io/service-account-token"),
+                               ("configmaps", other, "ConfigMap gpushare-e2e-other")):
+        with pytest.raises(KubeError) as caught:
+            job.call("POST", f"/api/v1/namespaces/{NS}/{plural}", body)
+        assert caught.value.status == 403, caught.value
+        refusal = ("may create only Secret gpushare-signing-key (type Opaque) and ConfigMap gpushare-verify-key, "
+                   f"not {what}.")
+        assert refusal in caught.value.message, caught.value
+    assert cert_managed.kubectl().run(["get", "secret", "gpushare-e2e-minted", "-n", NS])[0] != 0
+
+
 @pytest.mark.parametrize("rotated", [SERVING, ISSUING_CA])
 def test_rotation_under_load_fails_no_admission(cert_managed: Cluster, namespace: str, tenant_rest: Rest,
                                                 rotated: str) -> None:

@@ -15,9 +15,9 @@ import pytest
 
 from contract.keys import DRA_DRIVER
 from deviceplugin.inventory import fake_gpus
-from e2e import fakenvml, matrix
+from e2e import fakenvml, gpushare, matrix
 from e2e.cluster import Cluster
-from e2e.kube import Kubectl
+from e2e.kube import Kubectl, KubeError, Rest
 from tests.harness.cluster import dra
 from tests.harness.cluster import workloads as w
 
@@ -119,6 +119,52 @@ def test_the_driver_may_write_only_its_own_nodes_slice(driver: Cluster, tmp_path
     plugin = Kubectl(driver.conf / "plugin.kubeconfig")
     code, out, err = plugin.run(["create", "-f", "-"], stdin=slice_of(driver.settings.node_name))
     assert code != 0 and "forbidden" in err, (out, err)
+
+
+OTHER = "gpushare-e2e-other-node"  # a Node object without a kubelet (as tests/e2e/test_plugin_identity.py's)
+SLICES = "/apis/resource.k8s.io/v1/resourceslices"
+
+
+def _slice(node: str, driver: str, *, name: str = "", generate_name: str = "") -> dict[str, object]:
+    metadata = {"name": name} if name else {"generateName": generate_name}
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": metadata,
+            "spec": {"driver": driver, "nodeName": node, "devices": [],
+                     "pool": {"name": node, "generation": 1, "resourceSliceCount": 1}}}
+
+
+def test_another_nodes_driver_cannot_keep_this_nodes_pool_unpublished(driver: Cluster, kubectl: Kubectl) -> None:
+    """With two nodes' identities: node B's driver token (a Node object without a kubelet) may not create a slice of
+    another driver, nor of ours, named as this node's slices were named (`<node>-gpushare.io-gpu-0`); it may create
+    its own keeper's slices. A slice of that name created anyway (here by the admin, whom the policy does not judge)
+    keeps none of this node's GPUs unpublished: the keeper creates by generateName."""
+    node = driver.settings.node_name
+    if kubectl.run(["get", "node", OTHER])[0] != 0:
+        kubectl.ok(["create", "-f", "-"], stdin=json.dumps({"apiVersion": "v1", "kind": "Node",
+                                                            "metadata": {"name": OTHER}}))
+    other = Rest(driver.server, driver.pki_dir / "ca.crt",
+                 token=gpushare.token(kubectl, *gpushare.DRA_SA, node=OTHER))
+    squat = f"{node}-{DRA_DRIVER}-gpu-0"
+    refusals = {"squatter.example.com": f"may write only ResourceSlices of driver gpushare.io, not ResourceSlice "
+                                        f"{squat} of driver squatter.example.com",
+                DRA_DRIVER: f"may name a ResourceSlice only as its keeper does (generateName "
+                            f"{OTHER}-gpushare.io-gpu-<index>-), not {squat}"}
+    for driver_name, refusal in refusals.items():
+        with pytest.raises(KubeError) as caught:
+            other.call("POST", SLICES, _slice(OTHER, driver_name, name=squat))
+        assert caught.value.status == 403 and refusal in caught.value.message, caught.value
+    own = other.call("POST", SLICES, _slice(OTHER, DRA_DRIVER, generate_name=f"{OTHER}-{DRA_DRIVER}-gpu-0-"))
+    assert own["metadata"]["name"].startswith(f"{OTHER}-{DRA_DRIVER}-gpu-0-"), own
+    other.call("DELETE", f"{SLICES}/{own['metadata']['name']}")
+    kubectl.ok(["create", "-f", "-"], stdin=json.dumps(_slice(OTHER, "squatter.example.com", name=squat)))
+    try:
+        # What the kubelet does at its start: the keeper must publish every GPU again beside the squatter.
+        kubectl.ok(["delete", "resourceslices", f"--field-selector=spec.nodeName={node},spec.driver={DRA_DRIVER}"])
+        gpus = len(fake_gpus(driver.settings.fake_gpus, node, "GiB"))
+        w.wait("every GPU's slice published again beside a slice holding the name its first slice once had",
+               lambda: len(dra.our_slices(kubectl, node)) == gpus, 120, 1)
+        assert all(s["metadata"]["name"] != squat for s in dra.our_slices(kubectl, node))
+    finally:
+        kubectl.run(["delete", "resourceslice", squat])
 
 
 def test_a_request_for_two_shares_is_refused_at_admission(driver: Cluster, namespace: str) -> None:

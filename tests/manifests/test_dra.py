@@ -89,8 +89,8 @@ def _driver_requests() -> set[tuple[str, str]]:
     kube.get_claim("team", "claim")
     kube.list_slices("node-a")
     kube.write_slice(body)
-    kube.write_slice({**body, "metadata": {**body["metadata"], "resourceVersion": "7"}})
-    kube.delete_slice(body["metadata"]["name"])
+    kube.write_slice({**body, "metadata": {"name": "stored", "resourceVersion": "7"}})
+    kube.delete_slice("stored")
     return {_request(operation) for operation in api.operations}
 
 

@@ -1,5 +1,6 @@
-"""The slice keeper against an API server whose DRAConsumableCapacity gate is off: one error naming the gate, no
-rewrite at every step, and the pool published with its capacity once the gate is on."""
+"""The slice keeper against an API server whose DRAConsumableCapacity gate is off (one error naming the gate, no
+rewrite at every step, and the pool published with its capacity once the gate is on), and against writes it cannot
+make (another writer's slice named as ours, a refused write): every other GPU is published all the same."""
 
 from __future__ import annotations
 
@@ -7,13 +8,14 @@ import logging
 
 import pytest
 
+from deviceplugin.apiserver import Conflict
 from deviceplugin.dra.keeper import CAPACITY_RETRY_STEPS, SliceKeeper
-from deviceplugin.dra.slice import slice_name
+from deviceplugin.dra.slice import slice_prefix
 from deviceplugin.inventory import Inventory
 from tests.harness.dra.claims import GPUS, NODE
 from tests.harness.dra.fakes import FakeDraApi
 
-SLICES = [slice_name(NODE, 0), slice_name(NODE, 1)]
+DEVICES = ["gpu-0", "gpu-1"]
 
 
 def _keeper(api: FakeDraApi) -> SliceKeeper:
@@ -25,7 +27,7 @@ def _lines(caplog: pytest.LogCaptureFixture) -> list[tuple[int, str]]:
 
 
 def _device(api: FakeDraApi, name: str) -> dict[str, object]:
-    [device] = api.slices[name]["spec"]["devices"]
+    [device] = api.by_device()[name]["spec"]["devices"]
     return device  # type: ignore[no-any-return]
 
 
@@ -35,9 +37,9 @@ def test_a_gate_that_is_off_is_one_error_naming_it_and_no_rewrite_loop(caplog: p
     api.consumable_capacity = False
     keeper = _keeper(api)
     assert keeper.step()
-    assert keeper.capacity_dropped and sorted(api.slices) == SLICES
-    assert "allowMultipleAllocations" not in _device(api, SLICES[0])
-    assert _device(api, SLICES[0])["capacity"] == {"memory": {"value": "16Gi"}}, "the value is kept, not the policy"
+    assert keeper.capacity_dropped and sorted(api.by_device()) == DEVICES
+    assert "allowMultipleAllocations" not in _device(api, DEVICES[0])
+    assert _device(api, DEVICES[0])["capacity"] == {"memory": {"value": "16Gi"}}, "the value is kept, not the policy"
     [(level, line)] = _lines(caplog)
     assert level == logging.ERROR
     assert line == (
@@ -56,8 +58,8 @@ def test_a_gate_that_is_off_is_one_error_naming_it_and_no_rewrite_loop(caplog: p
     assert keeper.step() and api.slice_writes == writes + 2 and keeper.capacity_dropped
     assert len(_lines(caplog)) == 1
     # A missing slice is written at once, as always.
-    del api.slices[SLICES[1]]
-    assert keeper.step() and sorted(api.slices) == SLICES
+    del api.slices[api.by_device()[DEVICES[1]]["metadata"]["name"]]
+    assert keeper.step() and sorted(api.by_device()) == DEVICES
     assert len(_lines(caplog)) == 1
 
 
@@ -71,7 +73,7 @@ def test_the_pool_gets_its_capacity_once_the_gate_is_on(caplog: pytest.LogCaptur
     steps = [keeper.step() for _ in range(CAPACITY_RETRY_STEPS)]
     assert steps == [False] * (CAPACITY_RETRY_STEPS - 1) + [True]
     assert not keeper.capacity_dropped
-    assert all(_device(api, name)["allowMultipleAllocations"] is True for name in SLICES)
+    assert all(_device(api, name)["allowMultipleAllocations"] is True for name in DEVICES)
     assert not keeper.step(), "current at last"
     assert _lines(caplog)[1:] == [(
         logging.INFO, f"The API server now keeps the consumable capacity of the ResourceSlices of node {NODE} "
@@ -86,3 +88,47 @@ def test_an_api_server_with_the_gate_on_is_never_told_about_it(caplog: pytest.Lo
     assert not keeper.capacity_dropped
     assert not any(level >= logging.WARNING for level, _ in _lines(caplog))
     assert "DRAConsumableCapacity" not in caplog.text
+
+
+def _squatter(name: str) -> dict[str, object]:
+    """A slice another identity created under a name this node's slices once had: another node, another driver."""
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+            "metadata": {"name": name, "resourceVersion": "1"},
+            "spec": {"driver": "squatter.example.com", "nodeName": "node-b",
+                     "pool": {"name": "node-b", "generation": 1, "resourceSliceCount": 1}, "devices": []}}
+
+
+def test_a_slice_named_as_ours_keeps_no_gpu_of_this_node_unpublished() -> None:
+    """Slice names are predictable and another node's driver token may create slices; a slice holding the name a
+    slice of ours would have must not keep this node's pool off the API server: the API server names our slices."""
+    api = FakeDraApi()
+    taken = {name: _squatter(name) for name in (slice_prefix(NODE, 0).rstrip("-"), slice_prefix(NODE, 0) + "00000")}
+    api.slices.update(taken)
+    keeper = _keeper(api)
+    assert keeper.step() and keeper.failures == 0
+    assert sorted(api.by_device()) == DEVICES
+    assert {name: api.slices[name] for name in taken} == taken, "another identity's slice is left alone"
+    assert all(s["metadata"]["name"].startswith(slice_prefix(NODE, int(d[-1]))) for d, s in api.by_device().items())
+    assert not keeper.step(), "current"
+
+
+def test_one_refused_write_does_not_keep_the_other_gpus_unpublished(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="deviceplugin.dra.keeper")
+    api = FakeDraApi()
+    refusal = f"could not create ResourceSlice {slice_prefix(NODE, 0)}<generated>: it changed meanwhile (409 Conflict)"
+    api.refused["gpu-0"] = Conflict(refusal)
+    keeper = _keeper(api)
+    assert keeper.step() and keeper.step()
+    assert sorted(api.by_device()) == ["gpu-1"] and keeper.failures == 2
+    assert _lines(caplog) == [(
+        logging.WARNING, f"Could not make 1 of the 2 changes to the ResourceSlices of node {NODE} ({refusal}); the "
+        "others were made. The scheduler allocates no claim to a GPU whose slice is missing, and none from a pool "
+        "while its slices disagree. Trying again every 10 s (GPUSHARE_DRA_RESYNC_SECONDS); check the driver's API "
+        f"server access and the ResourceSlices of node {NODE}.",
+    )], "once while it lasts"
+    del api.refused["gpu-0"]
+    assert keeper.step() and sorted(api.by_device()) == DEVICES
+    assert {s["spec"]["pool"]["generation"] for s in api.by_device().values()} == {3}
+    assert _lines(caplog)[1:] == [
+        (logging.INFO, f"The ResourceSlices of node {NODE} differed from this node's GPUs; published 2, deleted 0.")]
+    assert not keeper.step()

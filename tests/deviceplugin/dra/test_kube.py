@@ -16,6 +16,7 @@ class FakeResourceApi:
     def __init__(self, *objects: dict[str, Any]) -> None:
         self.objects = {o["metadata"]["name"]: o for o in objects}
         self.calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
+        self.whats: list[str] = []
 
     def resource_v1(self, what: str, operation: str, *args: Any, **kwargs: Any) -> dict[str, Any] | None:
         self.calls.append((operation, args[:1] if operation.startswith(("read_", "delete_")) else (), kwargs))
@@ -27,7 +28,11 @@ class FakeResourceApi:
             self.objects.pop(args[0], None)
             return None
         body = dict(args[-1])
-        self.objects[body["metadata"]["name"]] = body
+        metadata = body["metadata"]
+        name = metadata.get("name") or f"{metadata['generateName']}{len(self.objects):05d}"
+        body["metadata"] = {**metadata, "name": name}
+        self.objects[name] = body
+        self.whats.append(what)
         return body
 
 
@@ -41,18 +46,21 @@ def test_missing_claim_is_a_claim_error() -> None:
         KubeDra(FakeResourceApi()).get_claim("team", "gone")
 
 
-def test_slices_are_listed_by_node_and_driver_written_and_deleted() -> None:
+def test_slices_are_created_by_generate_name_listed_by_node_and_driver_replaced_and_deleted() -> None:
     api = FakeResourceApi()
     kube = KubeDra(api)
     first, second = pool_slices(NODE, GPUS, set(), "GiB")
-    assert kube.write_slice(first) == first, "the slice as the API server answered the write"
-    kube.write_slice({**second, "metadata": {**second["metadata"], "resourceVersion": "3"}})
-    assert [s["metadata"]["name"] for s in kube.list_slices(NODE)] == [first["metadata"]["name"],
-                                                                      second["metadata"]["name"]]
-    kube.delete_slice(first["metadata"]["name"])
+    created = kube.write_slice(first)
+    assert created is not None
+    assert created["metadata"]["name"] == f"{NODE}-gpushare.io-gpu-0-00000", "the slice as the API server answered"
+    kube.write_slice({**second, "metadata": {"name": "stored-gpu-1", "resourceVersion": "3"}})
+    assert [s["metadata"]["name"] for s in kube.list_slices(NODE)] == [created["metadata"]["name"], "stored-gpu-1"]
+    kube.delete_slice(created["metadata"]["name"])
     assert api.calls == [
         ("create_resource_slice", (), {}),
         ("replace_resource_slice", (), {}),
         ("list_resource_slice", (), {"field_selector": f"spec.nodeName={NODE},spec.driver=gpushare.io"}),
-        ("delete_resource_slice", (first["metadata"]["name"],), {}),
+        ("delete_resource_slice", (created["metadata"]["name"],), {}),
     ]
+    assert api.whats == [f"create ResourceSlice {NODE}-gpushare.io-gpu-0-<generated>",
+                         "update ResourceSlice stored-gpu-1"]

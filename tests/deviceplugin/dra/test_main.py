@@ -25,15 +25,14 @@ from deviceplugin.dra.checkpoint import FILE_NAME
 from deviceplugin.dra.keeper import SliceKeeper
 from deviceplugin.dra.main import DraPlugin, main, run
 from deviceplugin.dra.settings import DraSettings, dra_settings_from
-from deviceplugin.dra.slice import slice_name
 from deviceplugin.inventory import Inventory
 from tests.harness.dra.claims import GPUS, NODE, REF, UID, claim, result
 from tests.harness.dra.fakes import FakeDraApi
 
 pytestmark = pytest.mark.timeout(60)
 
-SLICES = [slice_name(NODE, 0), slice_name(NODE, 1)]
-SLICE = SLICES[0]
+DEVICES = ["gpu-0", "gpu-1"]
+DEVICE = DEVICES[0]
 POOL = f"the ResourceSlices of node {NODE}"
 DRIVER = str(Path(sys.executable).parent / "gpushare-dra-plugin")
 
@@ -94,8 +93,8 @@ def test_serves_registration_and_prepare_over_the_sockets(started: DraPlugin, ap
 
 
 def test_start_publishes_the_slice_and_counts_it(started: DraPlugin, api: FakeDraApi) -> None:
-    assert sorted(api.slices) == SLICES
-    published = [api.slices[name]["spec"] for name in SLICES]
+    assert sorted(api.by_device()) == DEVICES
+    published = [api.by_device()[name]["spec"] for name in DEVICES]
     assert [(p["nodeName"], [d["name"] for d in p["devices"]]) for p in published] == [(NODE, ["gpu-0"]),
                                                                                       (NODE, ["gpu-1"])]
     assert published[0]["devices"][0]["capacity"]["memory"]["value"] == "16Gi"
@@ -114,11 +113,11 @@ def test_keeper_recreates_a_deleted_slice_and_logs_once_per_change(
     assert not keeper.step()  # current: one read, no write, nothing to say (start said it)
     api.slices.clear()  # what the kubelet does at its start, and 30 s after the driver disconnects
     assert keeper.step() and keeper.step() is False
-    assert {api.slices[n]["spec"]["pool"]["generation"] for n in SLICES} == {1}
-    api.slices[SLICE]["spec"]["devices"] = []  # someone else's edit
+    assert {api.by_device()[n]["spec"]["pool"]["generation"] for n in DEVICES} == {1}
+    api.by_device()[DEVICE]["spec"]["devices"][0]["attributes"] = {}  # someone else's edit
     assert keeper.step()
-    assert {api.slices[n]["spec"]["pool"]["generation"] for n in SLICES} == {2}
-    assert len(api.slices[SLICE]["spec"]["devices"]) == 1
+    assert {api.by_device()[n]["spec"]["pool"]["generation"] for n in DEVICES} == {2}
+    assert api.by_device()[DEVICE]["spec"]["devices"][0]["attributes"]["index"] == {"int": 0}
     api.slice_failure = ApiServerError(f"could not list {POOL}: Connection refused")
     assert not keeper.step() and not keeper.step()
     api.slice_failure = None
@@ -157,7 +156,7 @@ def test_keeper_thread_steps_until_stopped_and_outlives_a_bug(caplog: pytest.Log
     finally:
         keeper.stop()
     assert "Keeping the ResourceSlices of node node-a failed unexpectedly" in caplog.text
-    assert SLICE in api.slices
+    assert DEVICE in api.by_device()
 
 
 def test_stop_removes_its_sockets_but_not_another_process(tmp: Path, api: FakeDraApi) -> None:
@@ -182,7 +181,7 @@ def test_run_starts_waits_and_stops(tmp: Path, api: FakeDraApi) -> None:
         assert run(settings, stop, DraPlugin(settings, kube=api)) == 0
     finally:
         gc.unfreeze()  # run() freezes what start-up made (common/heap.py)
-    assert SLICE in api.slices
+    assert DEVICE in api.by_device()
     assert not os.path.exists(settings.socket_path) and not os.path.exists(settings.registration_path)
 
 
@@ -274,17 +273,17 @@ def test_a_health_change_wakes_the_keeper_before_its_interval() -> None:
     api = FakeDraApi()
     keeper = SliceKeeper(api, NODE, inventory, "GiB", interval=3600)
     keeper.step()
-    assert sorted(api.slices) == SLICES
+    assert sorted(api.by_device()) == DEVICES
     keeper.start()
     try:
         inventory.set_health(1, False)
         keeper.wake()
         pause = threading.Event()  # never set: a bounded wait for the keeper's thread
         for _ in range(300):
-            if sorted(api.slices) == [SLICE]:
+            if sorted(api.by_device()) == [DEVICE]:
                 break
             pause.wait(0.1)
     finally:
         keeper.stop()
-    assert sorted(api.slices) == [SLICE]
-    assert api.slices[SLICE]["spec"]["pool"]["resourceSliceCount"] == 1
+    assert sorted(api.by_device()) == [DEVICE]
+    assert api.by_device()[DEVICE]["spec"]["pool"]["resourceSliceCount"] == 1

@@ -12,7 +12,7 @@ from deviceplugin.dra.slice import (
     inventory_slices,
     pool_plan,
     pool_slices,
-    slice_name,
+    slice_prefix,
     without_consumable_capacity,
 )
 from deviceplugin.inventory import Gpu, Inventory
@@ -36,7 +36,7 @@ def test_one_slice_per_gpu_with_its_memory_capacity(unit: Unit, memory: int, val
     assert pool_slices(NODE, gpus, set(), unit, generation=3) == [{
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceSlice",
-        "metadata": {"name": f"{NODE}-{DRA_DRIVER}-gpu-{index}"},
+        "metadata": {"generateName": f"{NODE}-{DRA_DRIVER}-gpu-{index}-"},
         "spec": {
             "driver": DRA_DRIVER,
             "nodeName": NODE,
@@ -56,10 +56,11 @@ def test_unhealthy_gpu_is_left_out() -> None:
 
 @pytest.mark.parametrize(
     ("node", "name"),
-    [("node-a", "node-a-gpushare.io-gpu-3"), ("Node_A", "node-a-gpushare.io-gpu-3"), ("x" * 300, "x" * 241 + "-gpu-3")],
+    [("node-a", "node-a-gpushare.io-gpu-3-"), ("Node_A", "node-a-gpushare.io-gpu-3-"),
+     ("x" * 300, "x" * 240 + "-gpu-3-")],
 )
-def test_slice_name_is_a_dns_subdomain(node: str, name: str) -> None:
-    assert slice_name(node, 3) == name
+def test_slice_prefix_is_a_dns_subdomain_prefix(node: str, name: str) -> None:
+    assert slice_prefix(node, 3) == name
 
 
 @pytest.mark.parametrize(("name", "index"), [("gpu-0", 0), ("gpu-12", 12), ("gpu-01", None), ("gpu-", None),
@@ -69,8 +70,9 @@ def test_gpu_index_of_device_name(name: str, index: int | None) -> None:
 
 
 def _stored(slices: list[dict[str, Any]], generation: int) -> list[dict[str, Any]]:
-    """As the API server holds them: a resourceVersion each, quantities in its canonical form (16384Ki = 16Mi)."""
-    return [{**s, "metadata": {**s["metadata"], "resourceVersion": str(n)},
+    """As the API server holds them: a generated name and a resourceVersion each, quantities in its canonical form
+    (16384Ki = 16Mi)."""
+    return [{**s, "metadata": {"name": s["metadata"]["generateName"] + "x7k2q", "resourceVersion": str(n)},
              "spec": {**s["spec"], "pool": {**s["spec"]["pool"], "generation": generation},
                       "devices": [{**d, "capacity": {"memory": {**d["capacity"]["memory"], "value": "16384Ki"}}}
                                   for d in s["spec"]["devices"]]}} for n, s in enumerate(slices, 7)]
@@ -147,3 +149,36 @@ def test_pool_plan_leaves_a_pool_stored_without_the_gate_alone_only_when_told() 
     writes, deletes = pool_plan(stored, pool_slices(NODE, GPUS, {1}, "MiB"), consumable_capacity=False)
     assert deletes == [stored[1]["metadata"]["name"]]
     assert [w["spec"]["devices"][0]["allowMultipleAllocations"] for w in writes] == [True]
+
+
+def _holding(stored: dict[str, Any], name: str, *devices: dict[str, Any]) -> dict[str, Any]:
+    return {**stored, "metadata": {**stored["metadata"], "name": name},
+            "spec": {**stored["spec"], "devices": list(devices)}}
+
+
+def test_pool_plan_finds_each_slice_by_its_device_whatever_its_name() -> None:
+    """The API server names the slices, and slices of an earlier version have fixed names: a stored slice stands for
+    the wanted one holding the same device, and is replaced, not created again beside it."""
+    wanted = pool_slices(NODE, GPUS, set(), "MiB")
+    stored = _stored(wanted, 4)
+    renamed = [_holding(s, f"{NODE}-{DRA_DRIVER}-gpu-{i}", *s["spec"]["devices"]) for i, s in enumerate(stored)]
+    assert pool_plan(renamed, wanted) == ([], [])
+    writes, deletes = pool_plan(renamed[::-1], pool_slices(NODE, GPUS, set(), "GiB"))
+    assert deletes == [] and [w["metadata"] for w in writes] == [
+        {"name": f"{NODE}-{DRA_DRIVER}-gpu-0", "resourceVersion": "7"},
+        {"name": f"{NODE}-{DRA_DRIVER}-gpu-1", "resourceVersion": "8"}]
+
+
+def test_pool_plan_keeps_one_slice_per_device_and_deletes_the_others() -> None:
+    """Two writers that created one GPU's slice at once agree on the one that stands (the first by name); a slice
+    holding no device, or two, is deleted, and the device it held gets a slice of its own."""
+    wanted = pool_slices(NODE, GPUS, set(), "MiB")
+    first, second = _stored(wanted, 4)
+    twin = _holding(first, "a-twin", *first["spec"]["devices"])
+    writes, deletes = pool_plan([first, twin, second], wanted)
+    assert deletes == [first["metadata"]["name"]]
+    assert [w["metadata"].get("name") for w in writes] == ["a-twin", second["metadata"]["name"]]
+    both = _holding(first, "both", *first["spec"]["devices"], *second["spec"]["devices"])
+    writes, deletes = pool_plan([both, _holding(second, "none")], wanted)
+    assert deletes == ["both", "none"]
+    assert [w["metadata"] for w in writes] == [s["metadata"] for s in wanted], "each created again by generateName"

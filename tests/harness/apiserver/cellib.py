@@ -4,6 +4,9 @@
   k8s.io/apiserver pkg/cel/environment/base.go), the list [0, 1, ..., n-1]. cel-python reads `lists.range(n)` as a
   method `range` called on a variable `lists`, so the activation binds `lists` to a namespace marker and the function
   refuses any other receiver.
+- `s.substring(start, end)`: cel-go's strings extension (ext/strings.go, substrRange; in the API server's environment
+  since 1.29 as version 2, k8s.io/apiserver pkg/cel/environment/base.go), the characters (runes) from `start` up to
+  `end`; an index outside the string is an error.
 - `JSONPatch{op: ..., path: ..., from: ..., value: ...}`: the type a MutatingAdmissionPolicy's JSONPatch expression
   builds (k8s.io/apiserver pkg/cel/mutation, JSONPatchVal; patch/json_patch.go turns it into an RFC 6902 operation).
   Only those four fields exist; `value` may be any CEL value.
@@ -15,7 +18,7 @@ at configuration time (a type error surfaces at evaluation instead).
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from celpy import celtypes
@@ -47,6 +50,18 @@ def lists_range(receiver: Any, count: Any) -> celtypes.ListType:
     return celtypes.ListType([celtypes.IntType(i) for i in range(count)])
 
 
+def substring(receiver: Any, start: Any, end: Any) -> celtypes.StringType:
+    """`s.substring(start, end)` as ext/strings.go substrRange checks it."""
+    if not isinstance(receiver, str):
+        raise TypeError(f"found no matching overload for 'substring' applied to {type(receiver).__name__}")
+    if start > end:
+        raise ValueError(f"invalid substring range. start: {start}, end: {end}")
+    for index in (start, end):
+        if not 0 <= index <= len(receiver):
+            raise ValueError(f"index out of range: {index}")
+    return celtypes.StringType(receiver[start:end])
+
+
 class JSONPatch(celtypes.MapType):
     """One JSON Patch operation as a MutatingAdmissionPolicy's expression builds it."""
 
@@ -69,6 +84,7 @@ class JSONPatch(celtypes.MapType):
         return out
 
 
-FUNCTIONS: Final = {"range": lists_range}
+FUNCTIONS: Final[dict[str, Callable[..., celtypes.ListType | celtypes.StringType]]] = {
+    "range": lists_range, "substring": substring}
 NAMESPACES: Final = {"lists": LISTS}
 TYPES: Final = {"JSONPatch": JSONPatch}

@@ -22,7 +22,7 @@ ENV = celpy.Environment()
 MUTATING_ENV = celpy.Environment(annotations=dict(cellib.TYPES))
 NAMESPACE = "ml"
 # Cluster-scoped resources the policies match; a namespaceSelector never skips a request for one of them.
-CLUSTER_SCOPED = ("nodes",)
+CLUSTER_SCOPED = ("nodes", "resourceslices")
 Obj = dict[str, Any]
 
 
@@ -53,14 +53,15 @@ def _namespace_matches(spec: Obj, namespace: str) -> bool:
                             {"kubernetes.io/metadata.name": namespace})
 
 
-def evaluate(policy: Obj, operation: str, obj: Obj, old: Obj | None = None, *, user: str = USER,
+def evaluate(policy: Obj, operation: str, obj: Obj | None, old: Obj | None = None, *, user: str = USER,
              subresource: str = "", node: str | None = None, resource: str = "pods",
              namespace: str = NAMESPACE) -> tuple[Obj, Obj] | None:
     """None when the policy does not apply; else (its spec, the activation with every variable evaluated).
     A MutatingAdmissionPolicy's expressions run in MUTATING_ENV.
 
     The request is built as kube-apiserver builds it for CEL (k8s.io/apiserver pkg/admission/plugin/cel,
-    CreateAdmissionRequest): empty fields such as subResource and userInfo.extra are absent, not empty.
+    CreateAdmissionRequest): empty fields such as subResource and userInfo.extra are absent, not empty. A DELETE
+    has no object (None) and the request names the old one.
     """
     spec = policy["spec"]
     if not _rule_matches(spec, operation, resource + (f"/{subresource}" if subresource else "")):
@@ -71,7 +72,7 @@ def evaluate(policy: Obj, operation: str, obj: Obj, old: Obj | None = None, *, u
     if node is not None:
         user_info["extra"] = {"authentication.kubernetes.io/node-name": [node]}
     request: dict[str, Any] = {"operation": operation, "userInfo": user_info,
-                               "name": (obj.get("metadata") or {}).get("name", ""),
+                               "name": ((obj or old or {}).get("metadata") or {}).get("name", ""),
                                "resource": {"group": "", "version": "v1", "resource": resource}}
     if resource not in CLUSTER_SCOPED:
         request["namespace"] = namespace
@@ -106,7 +107,7 @@ def rebind(policy: Obj, activation: Obj, obj: Obj) -> dict[str, Any]:
     return _bind_variables(policy, {**activation, "object": json_to_cel(obj)})
 
 
-def admit(policy: Obj, operation: str, obj: Obj, old: Obj | None = None, *, user: str = USER,
+def admit(policy: Obj, operation: str, obj: Obj | None, old: Obj | None = None, *, user: str = USER,
           subresource: str = "", node: str | None = None, resource: str = "pods",
           namespace: str = NAMESPACE) -> list[str] | None:
     """None when the policy does not apply; else the messages of the validations that fail ([] = allowed)."""
@@ -115,5 +116,5 @@ def admit(policy: Obj, operation: str, obj: Obj, old: Obj | None = None, *, user
     if evaluated is None:
         return None
     spec, activation = evaluated
-    return [str(run(v["messageExpression"], activation)) for v in spec["validations"]
-            if not bool(run(v["expression"], activation))]
+    return [str(run(v["messageExpression"], activation)) if "messageExpression" in v else str(v["message"])
+            for v in spec["validations"] if not bool(run(v["expression"], activation))]

@@ -86,7 +86,8 @@ def before_create(resource: Resource, obj: Obj) -> None:
         prefix = metadata.get("generateName")
         if not prefix:
             raise invalid(resource.kind, "", "metadata.name: Required value: name or generateName is required")
-        metadata["name"] = str(prefix) + "".join(secrets.choice(_NAME_CHARS) for _ in range(5))
+        # k8s.io/apiserver pkg/storage/names/generate.go: the first 58 characters of the prefix, five random ones.
+        metadata["name"] = str(prefix)[:58] + "".join(secrets.choice(_NAME_CHARS) for _ in range(5))
     for key in SYSTEM_META[:4]:
         metadata.pop(key, None)
     metadata["uid"] = str(uuid.uuid4())

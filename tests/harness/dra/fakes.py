@@ -4,12 +4,18 @@ node's ResourceSlice."""
 from __future__ import annotations
 
 import copy
+import itertools
 import threading
 from collections.abc import Mapping
 from typing import Any
 
-from deviceplugin.apiserver import Conflict
+from contract.keys import DRA_DRIVER
+from deviceplugin.apiserver import ApiServerError, Conflict
 from deviceplugin.dra.slice import without_consumable_capacity
+
+# k8s.io/apiserver pkg/storage/names/generate.go: the first 58 characters of generateName and five random ones (here
+# counted, so that tests read the same names each run).
+_GENERATED_BASE = 58
 
 
 class FakeClaims:
@@ -30,39 +36,61 @@ class FakeClaims:
 
 class FakeDraApi(FakeClaims):
     """The DRA driver's API server (deviceplugin.dra.main.DraApi): claims as FakeClaims, and ResourceSlices by name
-    with a resourceVersion each, a write carrying a stale one refused as the API server does (409);
-    `slice_failure` fails slice calls; `consumable_capacity` False stores slices as an API server with
-    DRAConsumableCapacity off does (the fields dropped unless the stored slice already has them)."""
+    with a resourceVersion each, listed by node and driver as the field selector does; a create by generateName gets
+    a new name, a create of a taken name or a write carrying a stale resourceVersion is refused as the API server
+    does (409); `slice_failure` fails slice calls, `refused` the writes of the slices holding the named devices;
+    `consumable_capacity` False stores slices as an API server with DRAConsumableCapacity off does (the fields dropped
+    unless the stored slice already has them)."""
 
     def __init__(self, *claims: dict[str, Any]) -> None:
         super().__init__(*claims)
         self.slices: dict[str, dict[str, Any]] = {}
         self.slice_writes = 0
         self.slice_failure: Exception | None = None
+        self.refused: dict[str, ApiServerError] = {}
         self.consumable_capacity = True
         self._versions = 0
+        self._suffixes = itertools.count()
+
+    def by_device(self) -> dict[str, dict[str, Any]]:
+        """Our driver's slices by the one device each holds (their names are generated)."""
+        return {d["name"]: s for s in list(self.slices.values()) if s["spec"].get("driver") == DRA_DRIVER
+                for d in s["spec"]["devices"]}
 
     def list_slices(self, node: str) -> list[dict[str, Any]]:
         if self.slice_failure is not None:
             raise self.slice_failure
-        return [copy.deepcopy(s) for s in self.slices.values() if s["spec"]["nodeName"] == node]
+        return [copy.deepcopy(s) for s in self.slices.values()
+                if s["spec"].get("nodeName") == node and s["spec"].get("driver") == DRA_DRIVER]
 
     def write_slice(self, body: Mapping[str, Any]) -> dict[str, Any]:
         if self.slice_failure is not None:
             raise self.slice_failure
-        name = str(body["metadata"]["name"])
+        for device in body["spec"]["devices"]:
+            if device["name"] in self.refused:
+                raise self.refused[device["name"]]
+        metadata = dict(body["metadata"])
+        if not metadata.get("name"):
+            metadata["name"] = self._generated(str(metadata.pop("generateName")))
+        name = str(metadata["name"])
         stored = self.slices.get(name)
-        version = body["metadata"].get("resourceVersion")
+        version = metadata.get("resourceVersion")
         if (stored is None) != (version is None) or (stored and stored["metadata"]["resourceVersion"] != version):
-            raise Conflict(f"ResourceSlice {name} was written meanwhile")
+            raise Conflict(f"could not write ResourceSlice {name}: it changed meanwhile (409 Conflict)")
         self._versions += 1
         self.slice_writes += 1
         spec = copy.deepcopy(dict(body["spec"]))
         if not self.consumable_capacity and not (stored and _uses_consumable_capacity(stored)):
             spec["devices"] = [without_consumable_capacity(d) for d in spec["devices"]]
         self.slices[name] = {**copy.deepcopy(dict(body)), "spec": spec,
-                             "metadata": {**body["metadata"], "resourceVersion": str(self._versions)}}
+                             "metadata": {**metadata, "resourceVersion": str(self._versions)}}
         return copy.deepcopy(self.slices[name])
+
+    def _generated(self, prefix: str) -> str:
+        """A name not taken (the API server tries again when the random one is)."""
+        while (name := f"{prefix[:_GENERATED_BASE]}{next(self._suffixes):05d}") in self.slices:
+            pass
+        return name
 
     def delete_slice(self, name: str) -> None:
         if self.slice_failure is not None:

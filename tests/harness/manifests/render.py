@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import re
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -15,6 +16,9 @@ import yaml
 from charts import kustomize
 
 MANIFESTS = Path(__file__).resolve().parents[3] / "manifests"
+DEPLOY_DOC = MANIFESTS.parent / "docs" / "deploy.md"
+# A kustomization docs/deploy.md tells users to write beside the repository.
+_DOC_OVERLAY = re.compile(r"```yaml\n(# my-gpushare/kustomization\.yaml\n.*?)```", re.S)
 OVERLAYS = ("cert-manager", "self-signed")
 NAMESPACE = "gpushare-system"
 
@@ -38,14 +42,29 @@ def _rendered(overlay: str) -> tuple[Obj, ...]:
     return tuple(doc for doc in yaml.safe_load_all(done.stdout) if doc)
 
 
+def docs_overlays() -> list[str]:
+    """The text of every kustomization docs/deploy.md tells users to write (`my-gpushare/kustomization.yaml`)."""
+    return _DOC_OVERLAY.findall(DEPLOY_DOC.read_text())
+
+
+def docs_images(component: str) -> list[Obj]:
+    """The `images:` entry of the docs' kustomization that adds manifests/<component> ([] when it has none)."""
+    found = [doc for doc in map(yaml.safe_load, docs_overlays())
+             if f"../manifests/{component}" in (doc.get("components") or [])]
+    assert found, f"docs/deploy.md shows no kustomization adding the component manifests/{component}"
+    return list(found[0].get("images") or [])
+
+
 def render_with_component(overlay: str, component: str, directory: Path, *more: str) -> list[Obj]:
-    """manifests/<overlay> with the kustomize components manifests/<component> (and `more`), as the chart's
-    generator renders them (charts.kustomize.render: the overlay's image reaches the components' workloads).
-    `directory` is unused and kept for the callers' fixtures."""
+    """manifests/<overlay> with the kustomize components manifests/<component> (and `more`) around it, as a user
+    renders them after docs/deploy.md: a kustomization of the overlay, the components, and the `images:` entry the
+    docs' kustomization for each component has (kustomize gives a component's workload the overlay's image only
+    through that entry). `directory` is unused and kept for the callers' fixtures."""
     del directory
     kubectl()  # skips the test, with the reason, where kubectl is missing
+    images = [image for part in (component, *more) for image in docs_images(part)]
     try:
-        return kustomize.render(overlay, (component, *more))
+        return kustomize.render(overlay, (component, *more), {"images": images} if images else None)
     except kustomize.RenderError as exc:
         raise AssertionError(str(exc)) from None
 

@@ -56,9 +56,26 @@ ADMISSION_KINDS = ("mutatingwebhookconfigurations", "validatingwebhookconfigurat
                    "validatingadmissionpolicybindings", "validatingadmissionpolicies")
 MUTATING_POLICY_KINDS = ("mutatingadmissionpolicybindings", "mutatingadmissionpolicies")  # Kubernetes 1.36 and later
 WEBHOOK_PODS = "app.kubernetes.io/name=gpushare-webhook"
+# The in-process floor: the least a MutatingAdmissionPolicy can do to every pod, one constant JSON Patch adding the
+# entry gpushare-neutralise adds to the ordinary burst's one container (no condition, no variable). What the API
+# server spends on it (for a JSON Patch it encodes the pod, applies the patch and decodes it again:
+# k8s.io/apiserver pkg/admission/plugin/policy/mutating/patch/json_patch.go) is a cost no policy of ours can avoid.
+FLOOR_POLICY = "gpushare-bench-floor"
+FLOOR_POLICY_DOCS: list[dict[str, Any]] = [
+    {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingAdmissionPolicy",
+     "metadata": {"name": FLOOR_POLICY},
+     "spec": {"failurePolicy": "Fail", "reinvocationPolicy": "Never",
+              "matchConstraints": {"resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"],
+                                                      "operations": ["CREATE"], "resources": ["pods"]}]},
+              "mutations": [{"patchType": "JSONPatch", "jsonPatch": {"expression": (
+                  "[JSONPatch{op: 'add', path: '/spec/containers/0/env', "
+                  "value: [{'name': 'NVIDIA_VISIBLE_DEVICES', 'value': 'void'}]}]")}}]}},
+    {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingAdmissionPolicyBinding",
+     "metadata": {"name": FLOOR_POLICY}, "spec": {"policyName": FLOOR_POLICY}},
+]
 GPU_SHARE_CONTAINER = {"name": "main", "image": "gpushare-bench/none:1",
                        "resources": {"limits": {DEFAULT_RESOURCE: "1"}}}
-ORDINARY_CONTAINER = {"name": "web", "image": "registry.example/shop/frontend:2024.11.3",
+ORDINARY_CONTAINER = {"name": "web", "image": "shop/frontend:2024.11.3",
                       "ports": [{"name": "http", "containerPort": 8080, "protocol": "TCP"}],
                       "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "256Mi"}}}
 
@@ -193,18 +210,32 @@ def install_chart(cluster: Cluster) -> str:
     return str(values)
 
 
+def policy_floor(kubectl: Kubectl, size: int) -> Burst:
+    """The ordinary burst with FLOOR_POLICY alone (our admission removed)."""
+    gpushare.apply(kubectl, FLOOR_POLICY_DOCS)
+    try:
+        wait_until("the floor policy in the API server", lambda: admission_state(kubectl)[0], 60)
+        return burst(kubectl, workloads(ORDINARY, size))
+    finally:
+        for kind in ("mutatingadmissionpolicybinding", "mutatingadmissionpolicy"):
+            kubectl.ok(["delete", kind, FLOOR_POLICY, "--ignore-not-found", "--wait=true"])
+        wait_until("the floor policy gone from the API server", lambda: not admission_state(kubectl)[0], 60)
+
+
 def measure(cluster: Cluster, values: str, size: int, patch: bytes) -> Run:
     kubectl = cluster.kubectl()
-    kinds = ADMISSION_KINDS + (MUTATING_POLICY_KINDS if gpushare.serves_mutating_policies(kubectl) else ())
+    in_process = gpushare.serves_mutating_policies(kubectl)
+    kinds = ADMISSION_KINDS + (MUTATING_POLICY_KINDS if in_process else ())
     with_ours = {shape: burst(kubectl, workloads(shape, size)) for shape in SHAPES}
     with tier_floor.serving(cluster, patch):
         floor = burst(kubectl, workloads(GPU_SHARE, size))
     remove_admission(kubectl, kinds)
     try:
         without = {shape: burst(kubectl, workloads(shape, size)) for shape in SHAPES}
+        policy = policy_floor(kubectl, size) if in_process else None
     finally:
         restore_admission(cluster, values)
-    return Run(with_ours, without, floor)
+    return Run(with_ours, without, floor, policy)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,11 +20,14 @@ TARGET_OVER_FLOOR = 1.3
 
 @dataclass
 class Run:
-    """One run: each shape's burst with our admission and without it, and the GPU-share burst against the floor."""
+    """One run: each shape's burst with our admission and without it, the GPU-share burst against the floor, and
+    where the cluster serves MutatingAdmissionPolicy the ordinary burst with the least policy that mutates every pod
+    (bench_apiserver_tier.FLOOR_POLICY) and nothing of ours: the API server's own cost of any in-process mutation."""
 
     ours: dict[str, Burst]
     without: dict[str, Burst]
     floor: Burst
+    policy_floor: Burst | None = None
 
 
 def entries(burst: Burst) -> dict[str, tuple[int, float]]:
@@ -128,6 +131,15 @@ def lines(runs: list[Run], shapes: dict[str, str]) -> list[str]:
             + f", TLS handshakes {span([b.handshakes for b in ours], '', 0)}",
             _plugin_line("with our admission", ours),
             _plugin_line("without", without),
+        ]
+    policy_floors = [(run, run.policy_floor) for run in runs if run.policy_floor is not None]
+    if policy_floors:
+        out += [
+            f"{ORDINARY} burst with the least MutatingAdmissionPolicy (one constant JSON Patch) and nothing of ours:",
+            f"  POST pods {span([b.mean_ms.get(POST) for _, b in policy_floors], ' ms')}, ratio to without "
+            f"{span([ratio(b, run.without[ORDINARY]) for run, b in policy_floors], '', 2)}; ours over it "
+            f"{span([ratio(run.ours[ORDINARY], b) for run, b in policy_floors], '', 2)}",
+            _plugin_line("with it", [b for _, b in policy_floors]),
         ]
     floors = [run.floor for run in runs]
     out += [

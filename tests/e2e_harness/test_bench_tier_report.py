@@ -126,3 +126,14 @@ def test_the_report_shows_each_figure_min_max_over_the_runs() -> None:
 ])
 def test_span(values: list[float | None], unit: str, digits: int, shown: str) -> None:
     assert span(values, unit, digits) == shown
+
+
+def test_the_policy_floor_is_reported_where_measured_and_never_a_target() -> None:
+    """The ordinary burst with the least MutatingAdmissionPolicy: its ratio to the bare burst and ours over it."""
+    measured, absent = good_run(), good_run()
+    measured.policy_floor = burst(5.25)
+    text = "\n".join(lines([measured], SHAPES))
+    assert "with the least MutatingAdmissionPolicy" in text
+    assert "ratio to without 1.05; ours over it 1.05" in text
+    assert "least MutatingAdmissionPolicy" not in "\n".join(lines([absent], SHAPES))
+    assert missed([measured]) == []

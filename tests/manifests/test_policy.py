@@ -341,3 +341,19 @@ def test_normal_scheduling_is_never_evaluated() -> None:
     for user in (EXTENDER, "system:kube-scheduler"):
         assert admit("gpushare-binding-annotations", "CREATE", binding(), user=user, resource="pods",
                      subresource="binding") is None
+
+
+# A claim that asks for a share more than once is malformed, not forbidden: 422 Invalid is its answer.
+INVALID = {"gpushare-dra-one-share-per-request"}
+
+
+def test_every_refusal_of_every_policy_is_a_403() -> None:
+    """A validation without a reason is answered 422 Invalid (k8s.io/apiserver pkg/admission/plugin/policy/validating
+    dispatcher: the default reason); a refusal of who may do what, or of what a pod may select, is Forbidden."""
+    found = []
+    for path in sorted(MANIFESTS.glob("*/*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc and doc.get("kind") == "ValidatingAdmissionPolicy":
+                found += [(doc["metadata"]["name"], v.get("reason")) for v in doc["spec"]["validations"]]
+    assert len({name for name, _ in found}) >= 10
+    assert [f for f in found if f[1] != "Forbidden" and f[0] not in INVALID] == []

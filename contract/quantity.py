@@ -19,16 +19,27 @@ UNIT_BYTES: dict[Unit, int] = {"GiB": 2**30, "MiB": 2**20}
 UNIT_SUFFIX: dict[Unit, str] = {"GiB": "Gi", "MiB": "Mi"}
 
 
+# The largest quantity the API server keeps is about 2^63 (k8s.io/apimachinery pkg/api/resource: int64 with a scale,
+# larger values are clamped); a written form past these bounds is no memory size, and an exponent like 1e9999999
+# would cost seconds of arithmetic before it is refused.
+MAX_TEXT = 64
+MAX_EXPONENT = 30
+
+
 class QuantityError(ValueError):
     """A quantity that is not a whole, positive number of units; the text says which and why."""
 
 
 def quantity_bytes(text: str) -> Fraction:
     """The exact number of bytes a quantity means (a Fraction: "1.5Gi" and "100m" are valid quantities)."""
-    match = _QUANTITY_RE.fullmatch(text.strip()) if isinstance(text, str) else None
+    match = _QUANTITY_RE.fullmatch(text.strip()) if isinstance(text, str) and len(text) <= MAX_TEXT else None
     if match is None:
-        raise QuantityError(f"{text!r} is not a Kubernetes quantity such as 4Gi or 4096Mi")
+        shown = text if not isinstance(text, str) or len(text) <= MAX_TEXT else text[:MAX_TEXT] + "..."
+        raise QuantityError(f"{shown!r} is not a Kubernetes quantity such as 4Gi or 4096Mi")
     sign, number, binary, decimal, exponent = match.groups()
+    if exponent and abs(int(exponent)) > MAX_EXPONENT:
+        raise QuantityError(f"{text!r} has exponent {int(exponent)}, outside what a memory size can be "
+                            f"(at most {MAX_EXPONENT} either way)")
     value = Fraction(number)
     if binary:
         value *= _BINARY[binary]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +28,29 @@ class ClaimRef:
 
     def __str__(self) -> str:
         return f"{self.namespace}/{self.name} (UID {self.uid})"
+
+
+# What the API defines: a UID is the RFC 4122 text the API server generates (k8s.io/apimachinery pkg/types UID,
+# util/uuid NewUUID: lowercase); a namespace is a DNS-1123 label, a claim's name a DNS-1123 subdomain
+# (k8s.io/apimachinery pkg/util/validation: IsDNS1123Label, IsDNS1123Subdomain). The UID names files under the CDI
+# and state directories, so nothing else may reach a path.
+_UID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+def checked(ref: ClaimRef) -> ClaimRef:
+    """`ref` where its UID, namespace and name are what the API allows, else ClaimError naming the field."""
+    problems = [f"{what} {value!r} is not {form}" for what, value, form, ok in (
+        ("UID", ref.uid, "a UID the API server generates", _UID.fullmatch(ref.uid)),
+        ("namespace", ref.namespace, "a DNS-1123 label", _LABEL.fullmatch(ref.namespace)),
+        ("name", ref.name, "a DNS-1123 subdomain",
+         len(ref.name) <= 253 and _SUBDOMAIN.fullmatch(ref.name)),
+    ) if not ok]
+    if problems:
+        raise ClaimError(f"the kubelet named a ResourceClaim this driver will not touch: {'; '.join(problems)}; "
+                         "only the kubelet may call the driver's socket, with claims the API server stores")
+    return ref
 
 
 @dataclass(frozen=True)

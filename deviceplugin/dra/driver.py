@@ -13,7 +13,7 @@ from deviceplugin import delivery
 from deviceplugin.cdi import CdiStore, ensure_file, present
 from deviceplugin.dra.cdispec import PreparedDevice, claim_cdi_spec, claim_slot, prepared_devices
 from deviceplugin.dra.checkpoint import Checkpoint, PreparedClaim
-from deviceplugin.dra.claims import ClaimError, ClaimRef, Share, claim_shares
+from deviceplugin.dra.claims import ClaimError, ClaimRef, Share, checked, claim_shares
 from deviceplugin.inventory import Gpu, Inventory
 
 log = logging.getLogger(__name__)
@@ -55,7 +55,7 @@ class Driver:
         return None if known is None else prepared_devices(uid, known.shares)
 
     def prepare(self, ref: ClaimRef) -> list[PreparedDevice]:
-        recorded = self._recorded(ref.uid)
+        recorded = self._recorded(checked(ref).uid)
         if recorded is not None:
             log.info("ResourceClaim %s is already prepared; answering from the checkpoint", ref)
             return recorded
@@ -103,6 +103,7 @@ class Driver:
         self._prepared = updated
 
     def unprepare(self, ref: ClaimRef) -> None:
+        checked(ref)
         with self._lock:
             try:
                 self.cdi.remove(claim_slot(ref.uid))

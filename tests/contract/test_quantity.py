@@ -42,6 +42,10 @@ def test_whole_units(text: str, unit: Unit, units: int) -> None:
         ("-1Gi", "GiB", "not a positive amount"),
         ("4 GiB", "GiB", "not a Kubernetes quantity"),
         ("", "GiB", "not a Kubernetes quantity"),
+        # Bounded before any arithmetic: 10**9999999 as a Fraction takes seconds.
+        ("1e9999999", "GiB", "has exponent 9999999, outside what a memory size can be"),
+        ("1e-9999999", "GiB", "has exponent -9999999"),
+        ("1" * 65, "GiB", "not a Kubernetes quantity"),
     ],
 )
 def test_refused_quantities(text: str, unit: Unit, words: str) -> None:

@@ -89,17 +89,37 @@ def test_prepare_repeat_unprepare(served: Served) -> None:
     assert list(served.cdi_dir.iterdir()) == []
 
 
+NEVER_PREPARED = "00000000-0000-4000-8000-000000000001"
+STALE = "00000000-0000-4000-8000-000000000002"
+
+
 def test_unknown_unprepare_succeeds(served: Served) -> None:
-    assert dict(_unprepare(served, _claim("never-prepared")).claims) == {
-        "never-prepared": pb.NodeUnprepareResourceResponse()
+    assert dict(_unprepare(served, _claim(NEVER_PREPARED)).claims) == {
+        NEVER_PREPARED: pb.NodeUnprepareResourceResponse()
     }
 
 
+@pytest.mark.parametrize(("uid", "namespace", "name", "fragment"), [
+    ("../../etc/x", "team", "gpu-claim", "UID '../../etc/x' is not a UID the API server generates"),
+    ("0B5E2A4C-1D9E-4F2A-8C3B-6A7D9E0F1A2B", "team", "gpu-claim", "is not a UID"),
+    (UID, "../team", "gpu-claim", "namespace '../team' is not a DNS-1123 label"),
+    (UID, "team", "a/b", "name 'a/b' is not a DNS-1123 subdomain"),
+])
+def test_a_claim_the_api_could_not_store_is_refused_before_any_path(
+    served: Served, uid: str, namespace: str, name: str, fragment: str,
+) -> None:
+    claim = pb.Claim(namespace=namespace, uid=uid, name=name)
+    for call in (_prepare, _unprepare):
+        error = call(served, claim).claims[uid].error
+        assert fragment in error and "will not touch" in error, error
+    assert not served.cdi_dir.exists() or list(served.cdi_dir.iterdir()) == []
+
+
 def test_errors_are_per_claim(served: Served) -> None:
-    response = _prepare(served, _claim(), _claim("stale-uid"))
+    response = _prepare(served, _claim(), _claim(STALE))
     assert response.claims[UID].error == ""
-    assert "now has UID" in response.claims["stale-uid"].error
-    assert list(response.claims["stale-uid"].devices) == []
+    assert "now has UID" in response.claims[STALE].error
+    assert list(response.claims[STALE].devices) == []
 
 
 @pytest.mark.parametrize("failure", [RuntimeError("HTTP 403 Forbidden"), KeyError("no such claim")])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +77,10 @@ def test_processes_are_stopped_by_pid_also_when_the_state_file_lost_them(tmp_pat
     group = procs.Processes(tmp_path)
     first = group.start("one", [sys.executable, "-c", "import time; time.sleep(60)"])
     second = group.start("two", [sys.executable, "-c", "import time; time.sleep(60)"])
+    # Between fork and exec a child's /proc/PID/environ is still its parent's, without the OWNER marker.
+    deadline = time.monotonic() + 10
+    while not set(procs.owned_pids(tmp_path)) >= {first.pid, second.pid} and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert set(procs.owned_pids(tmp_path)) >= {first.pid, second.pid}
     (tmp_path / "pids.json").write_text("{}")  # lost track of both
     stopped = procs.stop_recorded(tmp_path)

@@ -33,6 +33,11 @@ SUPPORTED_VERSIONS = ("v1.DRAPlugin",)
 # until its deadline, so the pool outlasts a few hung calls.
 CALL_WORKERS = 32
 DEFAULT_TIMEOUT = 20.0
+# Calls served at once. A call beyond them is refused at once (RESOURCE_EXHAUSTED, which the kubelet retries) rather
+# than queued behind hung ones, where its time would run out before it started.
+CALL_HANDLERS = 32
+# What each call leaves of the deadline the kubelet gave it (its gRPC deadline, 45 s), for the answer's way back.
+DEADLINE_MARGIN = 1.0
 
 
 class ClaimDriver(Protocol):
@@ -52,10 +57,17 @@ class DRAPluginServicer(dra_pb2_grpc.DRAPluginServicer):
     def close(self) -> None:
         self._workers.shutdown(wait=False, cancel_futures=True)
 
-    def _each(self, verb: str, refs: Sequence[ClaimRef], work: Callable[[ClaimRef], T]) -> list[tuple[T | None, str]]:
-        """Each claim's answer or error; the deadline runs from the call's arrival and bounds every request the
-        work makes (deviceplugin.deadline), so the answer comes well within the kubelet's 45 s."""
-        until = time.monotonic() + self.timeout
+    def _each(self, verb: str, refs: Sequence[ClaimRef], work: Callable[[ClaimRef], T],
+              remaining: float | None = None) -> list[tuple[T | None, str]]:
+        """Each claim's answer or error; the deadline runs from the call's start and bounds every request the work
+        makes (deviceplugin.deadline), within what is left of the caller's own (`remaining`, seconds), so the answer
+        comes before the kubelet gives up on it."""
+        budget = self.timeout if remaining is None else min(self.timeout, remaining - DEADLINE_MARGIN)
+        if budget <= 0:
+            return [(None, f"the gpushare DRA driver could not start to {verb} ResourceClaim {ref} before the "
+                           "kubelet's deadline for the call (other calls held it); the kubelet retries")
+                    for ref in refs]
+        until = time.monotonic() + budget
         futures = [self._workers.submit(deadline.run_until, until, functools.partial(work, ref)) for ref in refs]
         out: list[tuple[T | None, str]] = []
         for ref, future in zip(refs, futures, strict=True):
@@ -64,7 +76,7 @@ class DRAPluginServicer(dra_pb2_grpc.DRAPluginServicer):
             except concurrent.futures.TimeoutError:
                 future.cancel()  # still queued: never start work whose answer nobody waits for
                 out.append((None, f"the gpushare DRA driver could not {verb} ResourceClaim {ref} within "
-                                  f"{self.timeout:g} s; check its API server access in its log (the kubelet retries)"))
+                                  f"{budget:.3g} s; check its API server access in its log (the kubelet retries)"))
             except ClaimError as exc:
                 log.warning("Could not %s ResourceClaim %s: %s", verb, ref, exc)
                 out.append((None, str(exc)))
@@ -79,7 +91,8 @@ class DRAPluginServicer(dra_pb2_grpc.DRAPluginServicer):
     ) -> pb.NodePrepareResourcesResponse:
         refs = [ClaimRef(c.namespace, c.name, c.uid) for c in request.claims]
         response = pb.NodePrepareResourcesResponse()
-        for ref, (devices, error) in zip(refs, self._each("prepare", refs, self.driver.prepare), strict=True):
+        answers = self._each("prepare", refs, self.driver.prepare, context.time_remaining())
+        for ref, (devices, error) in zip(refs, answers, strict=True):
             answer = response.claims[ref.uid]
             answer.error = error
             answer.devices.extend(
@@ -94,7 +107,8 @@ class DRAPluginServicer(dra_pb2_grpc.DRAPluginServicer):
     ) -> pb.NodeUnprepareResourcesResponse:
         refs = [ClaimRef(c.namespace, c.name, c.uid) for c in request.claims]
         response = pb.NodeUnprepareResourcesResponse()
-        for ref, (_, error) in zip(refs, self._each("unprepare", refs, self.driver.unprepare), strict=True):
+        answers = self._each("unprepare", refs, self.driver.unprepare, context.time_remaining())
+        for ref, (_, error) in zip(refs, answers, strict=True):
             response.claims[ref.uid].error = error  # every claim gets an entry, an empty one when it went well
         return response
 
@@ -127,18 +141,19 @@ class RegistrationServicer(pluginregistration_pb2_grpc.RegistrationServicer):
         return pluginregistration_pb2.RegistrationStatusResponse()
 
 
-def _serve(socket_path: str, add: Callable[[grpc.Server], None]) -> grpc.Server:
+def _serve(socket_path: str, add: Callable[[grpc.Server], None], handlers: int = 8) -> grpc.Server:
     with contextlib.suppress(FileNotFoundError):
         os.unlink(socket_path)  # a stale socket from an earlier run
-    server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="dra-grpc"))
+    server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=handlers, thread_name_prefix="dra-grpc"),
+                         maximum_concurrent_rpcs=handlers)
     add(server)
     server.add_insecure_port("unix://" + socket_path)
     server.start()
     return server
 
 
-def serve_plugin(servicer: DRAPluginServicer, socket_path: str) -> grpc.Server:
-    return _serve(socket_path, functools.partial(dra_pb2_grpc.add_DRAPluginServicer_to_server, servicer))
+def serve_plugin(servicer: DRAPluginServicer, socket_path: str, handlers: int = CALL_HANDLERS) -> grpc.Server:
+    return _serve(socket_path, functools.partial(dra_pb2_grpc.add_DRAPluginServicer_to_server, servicer), handlers)
 
 
 def serve_registration(servicer: RegistrationServicer, socket_path: str) -> grpc.Server:

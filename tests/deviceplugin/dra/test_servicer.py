@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +17,13 @@ from deviceplugin.dra.api import dra_pb2 as pb
 from deviceplugin.dra.api import dra_pb2_grpc, pluginregistration_pb2, pluginregistration_pb2_grpc
 from deviceplugin.dra.checkpoint import Checkpoint
 from deviceplugin.dra.driver import Driver
-from deviceplugin.dra.servicer import DRAPluginServicer, RegistrationServicer, serve_plugin, serve_registration
+from deviceplugin.dra.servicer import (
+    DEADLINE_MARGIN,
+    DRAPluginServicer,
+    RegistrationServicer,
+    serve_plugin,
+    serve_registration,
+)
 from deviceplugin.inventory import Inventory
 from tests.harness.dra.claims import GPUS, NODE, REF, UID, claim, result
 from tests.harness.dra.fakes import FakeClaims
@@ -134,6 +141,36 @@ def test_hung_read_is_cut_at_the_deadline(served: Served) -> None:
     error = _prepare(served, _claim()).claims[UID].error
     assert error == (f"the gpushare DRA driver could not prepare ResourceClaim {REF} within {TIMEOUT:g} s; check "
                      "its API server access in its log (the kubelet retries)")
+
+
+def test_a_call_is_answered_within_its_own_deadline(tmp_path: Path) -> None:
+    """The kubelet's deadline, not only the driver's timeout, bounds a call: the answer comes before it passes."""
+    source = FakeClaims(claim(result("gpu-0", "4Gi", request="a")))
+    source.hang = threading.Event()
+    driver = Driver(NODE, Inventory(GPUS, "GiB", 4096), "GiB", source=source,
+                    checkpoint=Checkpoint(str(tmp_path / "state")), cdi=CdiStore(str(tmp_path / "cdi")),
+                    fake_gpu_dir=str(tmp_path / "fake"))
+    servicer = DRAPluginServicer(driver, timeout=30)
+    server = serve_plugin(servicer, str(tmp_path / "dra.sock"), handlers=1)
+    try:
+        with grpc.insecure_channel(f"unix://{tmp_path / 'dra.sock'}") as channel:
+            stub = dra_pb2_grpc.DRAPluginStub(channel)  # type: ignore[no-untyped-call]
+            request = pb.NodePrepareResourcesRequest(claims=[_claim()])
+            answer = stub.NodePrepareResources(request, timeout=1 + DEADLINE_MARGIN)  # no DEADLINE_EXCEEDED
+            assert "could not prepare ResourceClaim" in answer.claims[UID].error, answer
+            # One call in flight holds the only handler: the next is refused at once, not queued past its deadline.
+            held = threading.Thread(target=lambda: stub.NodePrepareResources(request, timeout=5))
+            held.start()
+            time.sleep(0.3)
+            with pytest.raises(grpc.RpcError) as refused:
+                stub.NodePrepareResources(request, timeout=5)
+            assert refused.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED
+            source.failure = RuntimeError("the test is over")
+            source.hang.set()
+            held.join(timeout=10)
+    finally:
+        server.stop(None).wait()
+        servicer.close()
 
 
 def test_unexpected_failure_is_a_claim_error_not_a_status(tmp_path: Path) -> None:

@@ -168,8 +168,8 @@ def admission_state(kubectl: Kubectl) -> tuple[bool, bool]:
 
 
 def ours(items: list[dict[str, Any]]) -> list[str]:
-    """Our objects: the chart's label, or Helm's release annotation (the in-process policy and its binding carry no
-    label: manifests/in-process is a component, outside the base's labels)."""
+    """Our objects: the chart's label, or Helm's release annotation (objects an older chart rendered without the
+    label)."""
     return [o["metadata"]["name"] for o in items
             if (o["metadata"].get("labels") or {}).get("app.kubernetes.io/part-of") == "gpushare"
             or (o["metadata"].get("annotations") or {}).get("meta.helm.sh/release-name") == install.RELEASE]

@@ -36,11 +36,9 @@ EXTENDER_RBAC = (REPO / "manifests" / "extender" / "rbac.yaml").read_text()
 
 
 def render(kubectl: Kubectl, overlay: str = "self-signed", components: Sequence[str] = ()) -> list[dict[str, Any]]:
-    """manifests/<overlay>, with the kustomize components added as docs/deploy.md says to add them."""
-    if components:
-        return kustomize.render(overlay, components, binary=kubectl.binary)
-    text = kubectl.ok(["kustomize", str(REPO / "manifests" / overlay)])
-    return [doc for doc in yaml.safe_load_all(text) if doc]
+    """manifests/<overlay>, with the kustomize components added as docs/deploy.md says to add them, rendered by the
+    tier's kubectl."""
+    return kustomize.render(overlay, components, binary=kubectl.binary)
 
 
 def serves_mutating_policies(kubectl: Kubectl) -> bool:

@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from contract import is_reserved_annotation, pod_ref, read_annotations
+from contract import Contract, is_reserved_annotation, pod_ref, read_annotations
 from webhook.mutate import NoSigningKey, Patch, mutate_stamped
 from webhook.problems import Policy
 from webhook.validate import Verdict, create_verdict
@@ -33,6 +33,12 @@ def is_gpu_share(pod: Mapping[str, Any], policy: Policy) -> bool:
             if isinstance(limits, Mapping) and resource in limits:
                 return True
     return any(is_reserved_annotation(key, policy.contract) for key in read_annotations(pod))
+
+
+def carries_stamp(pod: Mapping[str, Any], contract: Contract) -> bool:
+    """The pod carries an intent or a signature: judging it at a CREATE needs the signing key."""
+    annotations = read_annotations(pod)
+    return contract.intent_key in annotations or contract.signature_key in annotations
 
 
 def patched(pod: Mapping[str, Any], patch: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -67,8 +73,7 @@ def mutate_create(  # noqa: PLR0917 - mutate's arguments and the key that verifi
                                    other_gpu=policy.other_gpu_resources)
     if not is_gpu_share(pod, policy):
         return patch, None
-    annotations = read_annotations(pod)
-    if signer is None and (policy.contract.intent_key in annotations or policy.contract.signature_key in annotations):
+    if signer is None and carries_stamp(pod, policy.contract):
         raise NoSigningKey(pod_ref(pod, namespace))
     # An intent of this webhook's own needs no second check of its signature (about 0.1 ms).
     return patch, create_verdict(patched(pod, patch), namespace, policy, public_key, genuine=intent is not None)

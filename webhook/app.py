@@ -19,8 +19,8 @@ from flask import Flask, Response, request
 from werkzeug.exceptions import RequestEntityTooLarge
 
 from common import logsetup
-from contract import pod_ref, read_annotations, signing
-from webhook.admit import mutate_create
+from contract import pod_ref, signing
+from webhook.admit import carries_stamp, mutate_create
 from webhook.metrics import WebhookMetrics
 from webhook.mutate import NoSigningKey, Patch, mutate_update
 from webhook.review import (
@@ -119,10 +119,8 @@ def _judge(req: Request, settings: Settings, key: SigningKey) -> Verdict:
     if req["kind"]["kind"] == "Binding":
         return validate_binding(req["object"], username(req), req["namespace"], settings)
     signer, problem = key.get_or_problem()
-    if signer is None and req["operation"] == "CREATE":
-        annotations = read_annotations(req["object"])
-        if settings.contract.intent_key in annotations or settings.contract.signature_key in annotations:
-            raise signing.SigningKeyError(problem)
+    if signer is None and req["operation"] == "CREATE" and carries_stamp(req["object"], settings.contract):
+        raise signing.SigningKeyError(problem)
     return validate(
         req["operation"], req["oldObject"], req["object"], username(req), req["namespace"], settings,
         _NO_KEY if signer is None else key.public(), token_node=token_node(req),

@@ -94,7 +94,15 @@ def on_starting(server: Any) -> None:
 
 
 def when_ready(server: Any) -> None:
-    """The arbiter serves /metrics for every worker on a plain port of its own (GPUSHARE_METRICS_BIND)."""
+    """The arbiter says who may connect, and serves /metrics for every worker on a plain port of its own
+    (GPUSHARE_METRICS_BIND)."""
+    if _settings.open_to_every_source:
+        from webhook.app import OPEN_PORT
+
+        server.log.warning("On %s %s.", _settings.bind, OPEN_PORT)
+    elif _settings.admission_sources:
+        server.log.info("The kernel drops connections to %s from outside GPUSHARE_ADMISSION_SOURCES=%s and loopback.",
+                        _settings.bind, _settings.sources_text())
     if _settings.metrics_bind is None or "metrics" in _served:
         return
     from webhook.metrics import MetricsServer

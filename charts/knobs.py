@@ -101,6 +101,13 @@ def node_plugin_knobs(head: str, daemonset: str, container: str, what: str, node
     )
 
 
+def comma_list(text: Any) -> tuple[Any, ...]:
+    """`a,b` -> ([a, b],); empty -> ([],)."""
+    return ([part.strip() for part in str(text).split(",") if part.strip()],)
+
+
+# An IPv4 or IPv6 network in CIDR notation (the webhook checks it exactly at start: webhook/sourcefilter.py).
+CIDR = {"type": "string", "pattern": "^[0-9A-Fa-f.:]+(/[0-9]{1,3})?$", "maxLength": 43}
 # A namespace name (DNS-1123 label, as kube-apiserver validates it).
 DNS_LABEL = {"type": "string", "pattern": "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", "maxLength": 63}
 # The namespaces the rules for ordinary pods (no GPU selection by env without GPU memory) leave out: the fail-open
@@ -176,6 +183,15 @@ KNOBS: tuple[Knob, ...] = (
     *node_plugin_knobs("dra", "gpushare-dra-plugin", DRA, "the DRA driver",
                        "The nodes that run the DRA driver. A node serves GPU memory through one path, the value of "
                        "its label gpushare.io/gpu-memory: device-plugin for the device plugin, dra for the driver."),
+    Knob(
+        where=(Where("Deployment", "gpushare-webhook", f"{WEBHOOK}.env[name=GPUSHARE_ADMISSION_SOURCES].value"),),
+        values=(Value("webhook.admissionSources", "The API server's source addresses, as CIDRs: the kernel drops "
+                      "connections to the webhook's admission port from anywhere else, whatever the network plugin "
+                      "(GPUSHARE_ADMISSION_SOURCES). Empty admits every source, and the webhook's /readyz and log say "
+                      "so; docs/deploy.md, Network policy, says how to find yours.", items=CIDR),),
+        expression='{{ join "," .Values.webhook.admissionSources | quote }}',
+        defaults=comma_list,
+    ),
     Knob(
         where=(Where("NetworkPolicy", "gpushare-webhook", "spec.ingress[0].from"),),
         values=(Value("networkPolicy.apiServer", "Who may reach the webhook's admission port (8443): the API "

@@ -15,6 +15,7 @@ from common.cli import Variable
 from deviceplugin.dra.settings import DRA_VARIABLES
 from deviceplugin.settings import PLUGIN_VARIABLES
 from kubectlplugin.cli import VARIABLES as KUBECTL_PLUGIN_VARIABLES
+from webhook.probe import PROBE_VARIABLES
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -29,7 +30,7 @@ def variables_of(script: str) -> tuple[Variable, ...]:
     return {
         "gpushare-webhook": WEBHOOK_VARIABLES, "gpushare-device-plugin": PLUGIN_VARIABLES,
         "gpushare-certs": CERTS_VARIABLES, "kubectl-gpushare": KUBECTL_PLUGIN_VARIABLES,
-        "gpushare-dra-plugin": DRA_VARIABLES,
+        "gpushare-dra-plugin": DRA_VARIABLES, "gpushare-webhook-probe": PROBE_VARIABLES,
     }.get(script, ())
 
 

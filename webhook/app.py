@@ -163,6 +163,12 @@ def _tls_state(settings: Settings, now: datetime.datetime) -> tuple[str | None, 
     return None, expires
 
 
+# What /readyz and the start-up log say while GPUSHARE_ADMISSION_SOURCES is empty.
+OPEN_PORT = ("every source may connect to the admission port: set GPUSHARE_ADMISSION_SOURCES (the chart's "
+             "webhook.admissionSources) to the API server's source addresses, or a flood of connections from pods can "
+             "keep the API server's calls waiting past their timeout (docs/deploy.md, Network policy)")
+
+
 class Readiness:
     """GET /readyz: the signing key loads and the serving pair loads, matches and has not expired; the expiry is
     exposed as a header and warned about (once per certificate) in the last EXPIRY_WARNING before it lapses."""
@@ -192,8 +198,11 @@ class Readiness:
                 log.warning("the serving certificate %s expires at %s, in %s days; renew it before then "
                             "(cert-manager renews on its own; without it run gpushare-certs rotate)",
                             self._settings.tls_cert, stamp, (expires - now).days)
+        headers["X-Admission-Sources"] = self._settings.sources_text()
         if problems:
             return "not ready: " + "; ".join(problems) + "\n", 503, headers
+        if self._settings.open_to_every_source:
+            return f"ok; {OPEN_PORT}\n", 200, headers
         return "ok\n", 200, headers
 
 

@@ -18,6 +18,7 @@ from common.settings import (
     positive_int,
 )
 from contract import CONTRACT_VARIABLES, Contract, contract_from
+from webhook.sourcefilter import Network, networks
 
 DEFAULT_EXTENDER = "system:serviceaccount:kube-system:gpushare-schd-extender"
 DEFAULT_PLUGIN = "system:serviceaccount:gpushare-system:gpushare-device-plugin"
@@ -50,6 +51,8 @@ WEBHOOK_VARIABLES = (
     Variable("GPUSHARE_READ_DEADLINE_SECONDS", "2", "bound of the TLS handshake, the headers and the body, each"),
     Variable("GPUSHARE_MAX_CONNECTIONS_PER_CLIENT", DEFAULT_PER_CLIENT, "connections one client address may hold in "
              "each worker process; past it its oldest idle one is closed, or the new one refused"),
+    Variable("GPUSHARE_ADMISSION_SOURCES", "", "the API server's source networks, comma-separated CIDRs; the kernel "
+             "drops connections to GPUSHARE_BIND from anywhere else (loopback always admitted); empty: every source"),
     *LOG_VARIABLES,
     Variable("GPUSHARE_METRICS_BIND", "127.0.0.1:9102", "plain-HTTP /metrics of all workers, HOST:PORT; empty: off"),
     Variable("PROMETHEUS_MULTIPROC_DIR", "", "the workers' metrics directory; empty: a fresh one per start"),
@@ -128,10 +131,28 @@ class Settings:
     metrics_dir: str = ""
     # Connections one client address may hold in one worker process (webhook/connlimits.py).
     max_connections_per_client: int = int(DEFAULT_PER_CLIENT)
+    # Who may connect to the admission port besides loopback (webhook/sourcefilter.py); empty: every source.
+    admission_sources: tuple[Network, ...] = ()
 
     @property
     def trusted_identities(self) -> tuple[str, ...]:
         return self.extender_identities + self.plugin_identities
+
+    @property
+    def open_to_every_source(self) -> bool:
+        """Whether any address may connect to the admission port: no GPUSHARE_ADMISSION_SOURCES, and a bind address
+        other machines reach (not loopback)."""
+        if self.admission_sources:
+            return False
+        host = bind_address(self.bind)[0]
+        try:
+            return not ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            return host != "localhost"
+
+    def sources_text(self) -> str:
+        """GPUSHARE_ADMISSION_SOURCES as the webhook applies it, for /readyz and the log."""
+        return ",".join(str(n) for n in self.admission_sources) if self.admission_sources else "any"
 
 
 def settings_from(env: Mapping[str, str]) -> Settings:
@@ -170,6 +191,10 @@ def settings_from(env: Mapping[str, str]) -> Settings:
         metrics_dir=env_value(env, "PROMETHEUS_MULTIPROC_DIR", ""),
         max_connections_per_client=env_parsed(
             env, "GPUSHARE_MAX_CONNECTIONS_PER_CLIENT", DEFAULT_PER_CLIENT, positive_int, "a positive integer"
+        ),
+        admission_sources=env_parsed(
+            env, "GPUSHARE_ADMISSION_SOURCES", "", networks,
+            "comma-separated networks such as 10.0.0.10/32,fd00::/64 (the API server's source addresses), or empty",
         ),
     )
 

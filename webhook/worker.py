@@ -36,10 +36,12 @@ from gunicorn import sock as gunicorn_sock
 from gunicorn.workers import base
 
 from common import http1
+from webhook import sourcefilter
 from webhook.acceptshare import Shares
 from webhook.connections import Conn, Connections, Reader
 from webhook.connlimits import State
 from webhook.metrics import WireMetrics
+from webhook.probe import bound_host
 from webhook.settings import from_environ
 
 log = logging.getLogger(__name__)
@@ -74,6 +76,7 @@ class WebhookWorker(base.Worker):  # type: ignore[misc]  # gunicorn ships no typ
         self.app_threads = settings.threads  # 0: the app runs on the loop's thread
         self.max_connections: int = self.cfg.worker_connections
         self.max_per_client = settings.max_connections_per_client
+        self.admission_sources = settings.admission_sources
         self.conns: Connections  # made in run(), in the worker process (its counters are that process's)
         self.wire: WireMetrics  # likewise
         self.loop: asyncio.AbstractEventLoop  # made in init_process, in the worker process
@@ -90,7 +93,26 @@ class WebhookWorker(base.Worker):  # type: ignore[misc]  # gunicorn ships no typ
     def init_process(self) -> None:
         self.loop = asyncio.new_event_loop()  # in the worker process: the arbiter must not hold one per worker
         sslproto.SSLProtocol.max_size = TLS_READ_BUFFER
+        self._filter_sources()
         super().init_process()
+
+    def _filter_sources(self) -> None:
+        """The kernel drops connections from outside GPUSHARE_ADMISSION_SOURCES (webhook/sourcefilter.py). Every
+        worker attaches the same filter to the listening sockets they share, so a listener gunicorn made anew on a
+        reload gets it before any worker accepts on it."""
+        if not self.admission_sources:
+            return
+        own = bound_host(self.cfg.bind[0]) if self.cfg.bind else None  # where the probe connects when not loopback
+        allowed = (*self.admission_sources, *([own] if own else []))
+        for listener in self.sockets:
+            try:
+                sourcefilter.attach(listener.sock, allowed)
+            except OSError as exc:
+                log.error("Could not restrict the admission port %s to GPUSHARE_ADMISSION_SOURCES (%s): the socket "
+                          "filter was refused (%s). This worker stops rather than admit every source; unset "
+                          "GPUSHARE_ADMISSION_SOURCES to run without it.", listener, ",".join(map(str,
+                          self.admission_sources)), exc)
+                sys.exit(self.WORKER_BOOT_ERROR)
 
     def init_signals(self) -> None:
         for sig in self.SIGNALS:

@@ -143,12 +143,14 @@ def test_webhook_paths_and_probes_are_routes_of_the_app(overlay: str) -> None:
     for kind, name, _, _, _ in WEBHOOKS:
         assert (the_webhook(objs, kind, name)["clientConfig"]["service"]["path"], "POST") in routes
     ctr = container(pod_spec(objs, "Deployment", SERVICE), "webhook")
+    probe_module = pytest.importorskip("webhook.probe")
+    env = {e["name"]: e.get("value") for e in ctr["env"]}
+    assert probe_module.target(env["GPUSHARE_BIND"]) == ("127.0.0.1", 8443)  # from loopback (sourcefilter.LOOPBACK)
+    assert container_port(ctr, "https") == 8443
     for probe, path in (("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")):
-        get = ctr[probe]["httpGet"]
-        assert get["path"] == path
+        assert ctr[probe]["exec"]["command"] == ["gpushare-webhook-probe", path]
+        assert path in probe_module.PATHS
         assert (path, "GET") in routes
-        assert get["scheme"] == "HTTPS"
-        assert container_port(ctr, get["port"]) == 8443
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)

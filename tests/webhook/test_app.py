@@ -158,6 +158,24 @@ def test_health_and_readiness(client: FlaskClient) -> None:
     assert client.get("/readyz").get_data(as_text=True) == "ok\n"
 
 
+@pytest.mark.parametrize(
+    ("env", "open_", "header"),
+    [
+        ({"GPUSHARE_BIND": "0.0.0.0:8443"}, True, "any"),
+        ({"GPUSHARE_BIND": "0.0.0.0:8443", "GPUSHARE_ADMISSION_SOURCES": "10.0.0.10/32"}, False, "10.0.0.10/32"),
+        ({"GPUSHARE_BIND": "127.0.0.1:8443"}, False, "any"),  # nothing else reaches loopback
+    ],
+)
+def test_readiness_says_who_may_connect_to_the_admission_port(cert_dir: Path, env: dict[str, str], open_: bool,
+                                                              header: str) -> None:
+    res = create_app(settings_for(cert_dir, **env)).test_client().get("/readyz")
+    assert res.status_code == 200
+    assert res.headers["X-Admission-Sources"] == header
+    said = res.get_data(as_text=True)
+    assert ("every source may connect" in said and "GPUSHARE_ADMISSION_SOURCES" in said) is open_
+    assert said.startswith("ok")
+
+
 EXPIRES = NOW + datetime.timedelta(days=365)  # dev_bundle's serving certificate lasts a year
 
 

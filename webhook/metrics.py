@@ -109,6 +109,12 @@ class WireMetrics:
             "gpushare_webhook_connections_accepted", "TCP connections accepted on the TLS port.",
             registry=self.registry,
         )
+        self.outsiders = Counter(
+            "gpushare_webhook_connections_outside_sources",
+            "Connections from outside GPUSHARE_ADMISSION_SOURCES reset at accept, before any TLS work; counted only "
+            "where the kernel refused the socket filter that otherwise drops them (webhook/sourcefilter.py).",
+            registry=self.registry,
+        )
         self.handshakes = Counter(
             "gpushare_webhook_tls_handshakes",
             "TLS handshakes, by outcome: completed, failed (a TLS or socket error) or timed_out "

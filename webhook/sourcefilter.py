@@ -8,6 +8,12 @@ accepted connection inherits it (sk_clone_lock). So no connection from elsewhere
 a new connection of the API server would otherwise wait behind a flood before any limit of ours could see it
 (webhook/connlimits.py only sees what was accepted). The dropped client sees its SYNs unanswered.
 
+Upstream Linux attaches a classic filter for any process (net/core/filter.c, sk_attach_filter checks no
+capability), but some kernels allow it only with CAP_NET_ADMIN, which the webhook's container does not hold (the
+real-cluster tier's machine is one). There the worker checks the same list at accept (Sources) and resets a
+connection from elsewhere before any TLS work, up to _OUTSIDERS_PER_WAKE of them per wake-up (webhook/worker.py):
+the flood then still passes through the accept queue, but each connection of it costs a few microseconds there.
+
 The program reads the source address relative to the network header (SKF_NET_OFF), so one program serves an IPv4
 listener and a dual-stack IPv6 one, whose IPv4 clients arrive as IPv4 packets. Loopback is always admitted
 (LOOPBACK): the container's own probes connect there (manifests/base/webhook.yaml).
@@ -15,6 +21,7 @@ listener and a dual-stack IPv6 one, whose IPv4 clients arrive as IPv4 packets. L
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ipaddress
 import socket
@@ -110,6 +117,33 @@ def program(allowed: Sequence[Network]) -> list[Instruction]:
         raise FilterError(f"GPUSHARE_ADMISSION_SOURCES makes a filter of {len(code)} instructions, more than the "
                           f"kernel's {BPF_MAXINSNS}: list fewer, wider networks")
     return code
+
+
+class Sources:
+    """The same list, checked in the process for a peer address that accept() returned: where the kernel refuses the
+    filter (some kernels allow SO_ATTACH_FILTER only with CAP_NET_ADMIN, which the webhook does not hold)."""
+
+    def __init__(self, allowed: Sequence[Network]) -> None:
+        self.allowed = tuple(allowed)
+        self._all = _merged([*allowed, *LOOPBACK])
+
+    def admits(self, peer: object) -> bool:
+        """Whether the (host, port, ...) accept() gave is in the list; an IPv4 client of a dual-stack listener
+        comes as ::ffff:a.b.c.d."""
+        try:
+            address = ipaddress.ip_address(peer[0])  # type: ignore[index]
+        except (TypeError, IndexError, ValueError):
+            return False
+        if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+            address = address.ipv4_mapped
+        return any(address in network for network in self._all)
+
+
+def reset(conn: socket.socket) -> None:
+    """Close with a reset (SO_LINGER 0): nothing is read, and no TIME_WAIT is left behind."""
+    with contextlib.suppress(OSError):
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    conn.close()
 
 
 def attach(sock: socket.socket, allowed: Sequence[Network]) -> None:

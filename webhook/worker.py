@@ -51,6 +51,8 @@ _ERRORS = (OSError, EOFError, asyncio.IncompleteReadError, ssl.SSLError)
 SHARES = Shares()
 # A process holding more connections than another lets that one accept for this long, then accepts itself.
 _TURN = 0.005
+# Connections from outside GPUSHARE_ADMISSION_SOURCES one wake-up resets at most, before it yields to the loop.
+_OUTSIDERS_PER_WAKE = 256
 # After the process ran out of file descriptors (or memory) for a new connection, it accepts again this much later.
 _ACCEPT_PAUSE = 1.0
 # At most this much of a refused, unread body is read and dropped before the connection closes.
@@ -77,6 +79,7 @@ class WebhookWorker(base.Worker):  # type: ignore[misc]  # gunicorn ships no typ
         self.max_connections: int = self.cfg.worker_connections
         self.max_per_client = settings.max_connections_per_client
         self.admission_sources = settings.admission_sources
+        self.sources: sourcefilter.Sources | None = None  # checked at accept where the kernel refused the filter
         self.conns: Connections  # made in run(), in the worker process (its counters are that process's)
         self.wire: WireMetrics  # likewise
         self.loop: asyncio.AbstractEventLoop  # made in init_process, in the worker process
@@ -99,20 +102,23 @@ class WebhookWorker(base.Worker):  # type: ignore[misc]  # gunicorn ships no typ
     def _filter_sources(self) -> None:
         """The kernel drops connections from outside GPUSHARE_ADMISSION_SOURCES (webhook/sourcefilter.py). Every
         worker attaches the same filter to the listening sockets they share, so a listener gunicorn made anew on a
-        reload gets it before any worker accepts on it."""
+        reload gets it before any worker accepts on it. Where the kernel refuses the filter, _accept resets those
+        connections itself, before any TLS work."""
         if not self.admission_sources:
             return
         own = bound_host(self.cfg.bind[0]) if self.cfg.bind else None  # where the probe connects when not loopback
-        allowed = (*self.admission_sources, *([own] if own else []))
+        sources = sourcefilter.Sources((*self.admission_sources, *([own] if own else [])))
         for listener in self.sockets:
             try:
-                sourcefilter.attach(listener.sock, allowed)
+                sourcefilter.attach(listener.sock, sources.allowed)
             except OSError as exc:
-                log.error("Could not restrict the admission port %s to GPUSHARE_ADMISSION_SOURCES (%s): the socket "
-                          "filter was refused (%s). This worker stops rather than admit every source; unset "
-                          "GPUSHARE_ADMISSION_SOURCES to run without it.", listener, ",".join(map(str,
-                          self.admission_sources)), exc)
-                sys.exit(self.WORKER_BOOT_ERROR)
+                self.sources = sources
+                log.warning("The kernel refused the socket filter for %s (%s; some kernels allow it only with "
+                            "CAP_NET_ADMIN): connections from outside GPUSHARE_ADMISSION_SOURCES=%s are reset at "
+                            "accept instead, before any TLS work (gpushare_webhook_connections_outside_sources_total)."
+                            " They still pass through the kernel's accept queue.", listener,
+                            exc.strerror or exc, ",".join(map(str, self.admission_sources)))
+                return
 
     def init_signals(self) -> None:
         for sig in self.SIGNALS:
@@ -185,18 +191,25 @@ class WebhookWorker(base.Worker):  # type: ignore[misc]  # gunicorn ships no typ
             self.loop.call_later(_TURN, self._resume, sock)
             return
         self._deferred = False
-        try:
-            conn, _ = sock.accept()
-        except (BlockingIOError, InterruptedError, ConnectionAbortedError):
-            return  # another process took it
-        except OSError as exc:
-            if exc.errno not in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
-                raise
-            # Linux keeps reporting the socket readable: stop accepting for a moment instead of spinning.
-            log.warning("Could not accept a connection (%s); accepting again in %g s.", exc, _ACCEPT_PAUSE)
-            self.loop.remove_reader(sock.fileno())
-            self.loop.call_later(_ACCEPT_PAUSE, self._resume, sock)
-            return
+        for _ in range(_OUTSIDERS_PER_WAKE):
+            try:
+                conn, peer = sock.accept()
+            except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+                return  # another process took it
+            except OSError as exc:
+                if exc.errno not in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    raise
+                # Linux keeps reporting the socket readable: stop accepting for a moment instead of spinning.
+                log.warning("Could not accept a connection (%s); accepting again in %g s.", exc, _ACCEPT_PAUSE)
+                self.loop.remove_reader(sock.fileno())
+                self.loop.call_later(_ACCEPT_PAUSE, self._resume, sock)
+                return
+            if self.sources is None or self.sources.admits(peer):
+                break
+            sourcefilter.reset(conn)  # from outside GPUSHARE_ADMISSION_SOURCES: no TLS, no task, the next one
+            self.wire.outsiders.inc()
+        else:
+            return  # more are waiting: the loop wakes this process again, after its other work
         self.wire.accepted.inc()
         conn.setblocking(False)
         task = self.loop.create_task(self._attach(conn))

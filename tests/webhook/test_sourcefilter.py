@@ -95,6 +95,37 @@ def test_the_list_is_parsed_merged_and_bounded() -> None:
         sourcefilter.networks(many)
 
 
+@pytest.mark.parametrize(
+    ("peer", "admitted"),
+    [
+        (("10.244.0.1", 50000), True),
+        (("10.244.0.2", 50000), False),
+        (("::ffff:10.244.0.1", 50000, 0, 0), True),  # an IPv4 client of a dual-stack listener
+        (("fd00::5", 50000, 0, 0), True),
+        (("fd01::5", 50000, 0, 0), False),
+        (("127.0.0.1", 1), True),  # the container's own probe
+        (("::1", 1, 0, 0), True),
+        (("127.0.0.2", 1), False),
+        (("", 0), False),
+        ("/run/unix.sock", False),  # not an address
+    ],
+)
+def test_where_the_kernel_refuses_the_filter_the_worker_checks_the_same_list(peer: object, admitted: bool) -> None:
+    sources = sourcefilter.Sources(sourcefilter.networks("10.244.0.1/32,fd00::/64"))
+    assert sources.admits(peer) is admitted
+
+
+def test_an_outsider_is_reset_at_once() -> None:
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        with socket.create_connection(listener.getsockname(), timeout=5) as client:
+            conn, _ = listener.accept()
+            sourcefilter.reset(conn)
+            with pytest.raises(ConnectionResetError):
+                client.recv(1)
+
+
 def test_a_bad_list_stops_the_start_with_the_variable_named() -> None:
     with pytest.raises(SettingsError, match=r"GPUSHARE_ADMISSION_SOURCES='10.0.0.0/33' is not valid: .*expected "
                                             r"comma-separated networks"):

@@ -118,10 +118,12 @@ def _gated(pod: dict[str, Any]) -> dict[str, Any]:
     return pod
 
 
-def _failed_calls(kubectl: Kubectl) -> dict[str, float]:
-    """The API server's count of calls to our entries that failed (fail-open or refused for the failure)."""
+def _calls(kubectl: Kubectl) -> tuple[dict[str, float], dict[str, tuple[float, float]]]:
+    """From the API server's metrics: its count of calls to our entries that failed (fail-open, or refused for the
+    failure), and the (sum, count) of every entry's call durations."""
     text = kubectl.ok(["get", "--raw", "/metrics"], timeout=60)
-    out: dict[str, float] = {}
+    failed: dict[str, float] = {}
+    durations: dict[str, list[float]] = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             name = s.labels.get("name", "")
@@ -131,7 +133,20 @@ def _failed_calls(kubectl: Kubectl) -> dict[str, float]:
                     s.name == "apiserver_admission_webhook_rejection_count"
                     and s.labels.get("error_type") == "calling_webhook_error"):
                 key = f"{s.name}{{{name}}}"
-                out[key] = out.get(key, 0.0) + s.value
+                failed[key] = failed.get(key, 0.0) + s.value
+            elif s.name in ("apiserver_admission_webhook_admission_duration_seconds_sum",
+                            "apiserver_admission_webhook_admission_duration_seconds_count"):
+                pair = durations.setdefault(name, [0.0, 0.0])
+                pair[0 if s.name.endswith("_sum") else 1] += s.value
+    return failed, {k: (v[0], v[1]) for k, v in durations.items()}
+
+
+def _mean_ms(before: dict[str, tuple[float, float]], after: dict[str, tuple[float, float]]) -> dict[str, str]:
+    out = {}
+    for name, (total, count) in after.items():
+        t0, c0 = before.get(name, (0.0, 0.0))
+        if count > c0:
+            out[name] = f"{1000 * (total - t0) / (count - c0):.1f} ms x {count - c0:.0f}"
     return out
 
 
@@ -208,8 +223,11 @@ def test_a_reconnect_flood_from_pods_leaves_every_review_answered(installed: Clu
         readyz = kubectl.ok(["exec", "-n", gpushare.NAMESPACE, p["metadata"]["name"], "-c", "webhook", "--",
                              "gpushare-webhook-probe", "/readyz"], timeout=60)
         assert readyz.strip().endswith("HTTP 200: ok"), readyz  # restricted: no "every source" warning
+    failed, durations = _calls(kubectl)
     quiet, made = _create(installed, kubectl, namespace, "q")
     _check(made, "without a flood")
+    failed_quiet, durations_quiet = _calls(kubectl)
+    assert failed_quiet == failed, "the API server counted failed calls to our entries without a flood"
 
     image = install.image_values(installed)
     flood = [_flood_pod(f"flood-{i}", f"{image['repository']}:{image['tag']}", targets) for i in range(FLOOD_PODS)]
@@ -218,10 +236,17 @@ def test_a_reconnect_flood_from_pods_leaves_every_review_answered(installed: Clu
                                                  for p in w.pods(kubectl, namespace, "app=flood")) == FLOOD_PODS,
            180, 2)
     time.sleep(10)  # the flood at full strength before the first creation
-    failed, wire = _failed_calls(kubectl), _wire(targets)
+    # gunicorn's reload replaces every worker, closing the connections the API server keeps alive: its calls
+    # during the flood need new connections, which are what waited behind a flood in the accept queue.
+    for p in webhooks:
+        kubectl.ok(["exec", "-n", gpushare.NAMESPACE, p["metadata"]["name"], "-c", "webhook", "--", "sh", "-c",
+                    "kill -HUP 1"], timeout=60)
+    time.sleep(5)
+    wire = _wire(targets)
     loud, made = _create(installed, kubectl, namespace, "f")
     _check(made, "during the flood")
-    assert _failed_calls(kubectl) == failed, "the API server counted failed calls to our entries during the flood"
+    failed_loud, durations_loud = _calls(kubectl)
+    assert failed_loud == failed, "the API server counted failed calls to our entries during the flood"
     wire = {k: v - wire.get(k, 0.0) for k, v in _wire(targets).items()}
 
     def finished() -> bool:
@@ -234,13 +259,14 @@ def test_a_reconnect_flood_from_pods_leaves_every_review_answered(installed: Clu
     total = {k: sum(r[k] for r in reports) for k in reports[0]}
     print(f"\n{CREATES} creations, {AT_ONCE} at once: {quiet:.1f} s without a flood, {loud:.1f} s during it; none "
           f"refused, every one stamped or neutralised\nflood: {FLOOD_PODS} pods x {CONNECTIONS} connections, "
-          f"{FLOOD_CPU} CPU each, {SECONDS} s: {total}\nthe webhook pods during the creations: {wire}",
-          file=sys.stderr)
+          f"{FLOOD_CPU} CPU each, {SECONDS} s: {total}\nthe webhook pods during the creations: {wire}\n"
+          f"the API server's calls, mean: {_mean_ms(durations, durations_quiet)} without a flood, "
+          f"{_mean_ms(durations_quiet, durations_loud)} during it", file=sys.stderr)
     assert total["attempts"] > FLOOD_PODS * CONNECTIONS, total  # the flood ran and reopened
     # The webhook never spoke TLS to the flood: the kernel dropped its SYNs, or (where the kernel refuses the
     # socket filter) the worker reset each connection at accept (webhook/sourcefilter.py).
     assert total["answered"] == 0, f"the webhook answered flood connections: {total}"
     assert total["connected"] == 0 or wire.get("reset as outsiders", 0) > 0, (total, wire)
-    assert wire.get("handshakes timed_out", 0) == 0 and wire.get("handshakes failed", 0) == 0, wire
+    assert wire.get("handshakes completed", 0) >= len(targets), wire  # the API server's new connections
     for p in _ours(kubectl, "app.kubernetes.io/name=gpushare-webhook"):
         assert all(c["restartCount"] == 0 for c in p["status"]["containerStatuses"]), p["metadata"]["name"]

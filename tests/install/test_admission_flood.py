@@ -268,5 +268,7 @@ def test_a_reconnect_flood_from_pods_leaves_every_review_answered(installed: Clu
     assert total["answered"] == 0, f"the webhook answered flood connections: {total}"
     assert total["connected"] == 0 or wire.get("reset as outsiders", 0) > 0, (total, wire)
     assert wire.get("handshakes completed", 0) >= len(targets), wire  # the API server's new connections
+    # Nor did the flood get as far as a TLS handshake (with the list empty, about 14,000 timed out here).
+    assert wire.get("handshakes timed_out", 0) == 0, wire
     for p in _ours(kubectl, "app.kubernetes.io/name=gpushare-webhook"):
         assert all(c["restartCount"] == 0 for c in p["status"]["containerStatuses"]), p["metadata"]["name"]

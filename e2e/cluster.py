@@ -309,15 +309,16 @@ class Cluster:
         self.procs.wait_ready(name, lambda: _has_capacity(kubectl, self.settings.node_name), 60,
                               "the node advertising aliyun.com/gpu-mem")
 
-    def start_dra(self) -> None:
+    def start_dra(self, server: str | None = None) -> None:
         """The DRA driver (deviceplugin/dra) as a host process with the device plugin's GPUs and its own identity, a
         token of the component's ServiceAccount bound to this node as a pod's projected token is (apply
         manifests/dra first); ready once registered with the kubelet's plugin watcher and its node's ResourceSlices
-        are published."""
+        are published. `server`: the API server's address as the driver has it (a relay in front of it)."""
         log = self.log("dra-plugin")
         offset = log.stat().st_size if log.exists() else 0
         token = gpushare.token(self.kubectl(), *gpushare.DRA_SA, node=self.settings.node_name)
-        kubeconfig(self.dra_kubeconfig, self.server, self.pki_dir / "ca.crt", token=token, user=gpushare.DRA_SA[1])
+        kubeconfig(self.dra_kubeconfig, server or self.server, self.pki_dir / "ca.crt", token=token,
+                   user=gpushare.DRA_SA[1])
         env = {**self.plugin_env(), "GPUSHARE_DRA_STATE_DIR": str(node.STATE_ROOT / "dra"),
                "GPUSHARE_KUBECONFIG": str(self.dra_kubeconfig),
                "GPUSHARE_METRICS_BIND": f"127.0.0.1:{self.settings.port(ports.DRA_METRICS)}"}

@@ -14,12 +14,14 @@ from pathlib import Path
 import pytest
 
 from contract.keys import DRA_DRIVER
+from deviceplugin.dra.servicer import CALL_HANDLERS
 from deviceplugin.inventory import fake_gpus
 from e2e import fakenvml, gpushare, matrix
 from e2e.cluster import Cluster
 from e2e.kube import Kubectl, KubeError, Rest
 from tests.harness.cluster import dra
 from tests.harness.cluster import workloads as w
+from tests.harness.cluster.stall import StallRelay
 
 
 @pytest.fixture(scope="module")
@@ -103,6 +105,54 @@ def test_a_restart_while_pods_pull_loses_nothing(driver: Cluster, kubectl: Kubec
     out = dra.outcome(driver, kubectl, namespace, ("main",))
     assert out.wrong_gpu == [] and out.made_up == [] and out.stuck == [] and out.failed == [], out
     assert out.over_committed == {} and out.started == out.on_claimed_gpu == 8, out
+
+
+# What the driver answers for a claim it could not read in time (deviceplugin/dra/driver.py, servicer.py).
+OUR_ANSWERS = ("could not be read from the API server", "the gpushare DRA driver could not")
+
+
+def test_a_hung_api_server_leaves_every_call_answered_within_the_kubelets_deadline(driver: Cluster, kubectl: Kubectl,
+                                                                                   namespace: str) -> None:
+    """The driver reads each claim from the API server before it prepares it. With that API server hung (a relay
+    in front of it that stops carrying bytes) and more pods than the driver serves calls at once (CALL_HANDLERS),
+    every NodePrepareResources call still gets the driver's own answer before the kubelet's 45 s run out: an error
+    naming the claim and the API server, or RESOURCE_EXHAUSTED for the calls past the handlers; never the kubelet's
+    DeadlineExceeded. Once the API server answers again, every pod starts on its claimed GPU."""
+    pods = CALL_HANDLERS + 8
+    port = int(driver.server.rsplit(":", 1)[1])
+    with StallRelay(port) as relay:
+        driver.stop_dra()
+        try:
+            driver.start_dra(server=f"https://127.0.0.1:{relay.port}")
+            relay.hang()
+            img = w.image(driver)
+            kubectl.ok(["apply", "-n", namespace, "-f", "-"], stdin=json.dumps(dra.claim_template("gpu", 1)))
+            template = dra.with_claim(w.pod("x", [dra.claimed(w.container("main", img))]), "gpu")
+            code, text = w.create(kubectl, namespace, w.replicaset("hung", pods, template))
+            assert code == 0, text
+
+            def said() -> list[str]:
+                items = kubectl.json(["get", "events", "-n", namespace])["items"]
+                return [str(e.get("message")) for e in items if e.get("reason") == "FailedPrepareDynamicResources"]
+
+            # The driver's budget for a call is GPUSHARE_DRA_TIMEOUT_SECONDS (20 s), within the kubelet's 45 s
+            # (pkg/kubelet/cm/dra/plugin/dra_plugin.go); the kubelet retries a failed pod with its back-off.
+            w.wait("the driver's answers for the hung claims",
+                   lambda: sum(any(ours in m for ours in OUR_ANSWERS) for m in said()) >= 8,
+                   150, 2)
+            messages = said()
+            assert not [m for m in messages if "DeadlineExceeded" in m or "context deadline exceeded" in m], messages
+            print(f"\nwith the API server hung, {pods} pods: {len(messages)} FailedPrepareDynamicResources events, "
+                  f"{sum('ResourceExhausted' in m for m in messages)} of them RESOURCE_EXHAUSTED; the first: "
+                  f"{messages[0]}", file=sys.stderr)
+            relay.resume()
+            dra.settle(kubectl, namespace, pods)
+            out = dra.outcome(driver, kubectl, namespace, ("main",))
+            assert out.wrong_gpu == [] and out.made_up == [] and out.stuck == [] and out.failed == [], out
+            assert out.over_committed == {} and out.started == out.on_claimed_gpu == pods, out
+        finally:
+            driver.stop_dra()
+            driver.start_dra()
 
 
 def test_the_driver_may_write_only_its_own_nodes_slice(driver: Cluster, tmp_path: Path) -> None:

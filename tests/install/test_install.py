@@ -95,7 +95,7 @@ def installed(cluster: Cluster) -> Iterator[Cluster]:
 def test_the_installed_pods_are_ready_and_the_plugin_is_registered(installed: Cluster, kubectl: Kubectl) -> None:
     image = install.image_values(installed)
     ref = f"{image['repository']}:{image['tag']}"
-    w.wait("2 webhook pods Ready (the kubelet's probes over HTTPS)",
+    w.wait("2 webhook pods Ready (their exec probes over loopback TLS)",
            lambda: sum(map(_ready, _ours(kubectl, "app.kubernetes.io/name=gpushare-webhook"))) == 2, 240, 2)
     w.wait("the device plugin's pod Ready",
            lambda: sum(map(_ready, _ours(kubectl, "app.kubernetes.io/name=gpushare-device-plugin"))) == 1, 120, 2)

@@ -13,7 +13,7 @@ Modelled on AliyunContainerService/gpushare-device-plugin, read for this purpose
 - pkg/gpu/nvidia/podutils.go, `isGPUMemoryAssumedPod`: a GPU-memory limit on an app container, an
   ALIYUN_COM_GPU_MEM_ASSUME_TIME annotation, and ALIYUN_COM_GPU_MEM_ASSIGNED="false";
   `patchPodAnnotationSpecAssigned`: a strategic-merge patch of ASSIGNED="true" and a fresh ASSUME_TIME.
-The simulated tier (tests/harness/sim/baseline.py) and the real-node process (e2e/reference_plugin.py) both decide here.
+The simulated tier (tests/harness/sim/baseline.py) and the real-node process (e2e/refservice.py) both decide here.
 """
 
 from __future__ import annotations

@@ -168,7 +168,7 @@ def test_no_package_level_import_cycle() -> None:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# (c) Product modules stay small (STYLE.md rule 8); generated protobuf modules are left out.
+# (c) Product modules stay small (CONTRIBUTING.md, rule 8); generated protobuf modules are left out.
 
 @pytest.mark.parametrize("path", _files(*PRODUCT), ids=_name)
 def test_product_module_is_small(path: Path) -> None:

@@ -1,6 +1,6 @@
 """Decisions are pure: the contract, mutation, validation, review, signing, settings, certificate builders, the
 plugin's deciding modules and the kubectl plugin's model and rendering import neither Flask, nor grpc, nor the
-kubernetes client (STYLE.md rule 1)."""
+kubernetes client (CONTRIBUTING.md, rule 1)."""
 
 from __future__ import annotations
 

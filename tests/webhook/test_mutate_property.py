@@ -1,7 +1,7 @@
 """Property: the JSONPatch mutate builds directly, applied with jsonpatch, gives the pod the old whole-pod diff gave.
 
 The oracle is the way the webhook used to build its patch (copy the pod, edit the copy, `jsonpatch.make_patch` the
-two), kept here only: it is too slow for the admission path (STYLE rule 3) but obviously right.
+two), kept here only: it is too slow for the admission path (CONTRIBUTING.md, rule 3) but obviously right.
 """
 
 from __future__ import annotations

@@ -2,6 +2,9 @@
 
 Logged values come from outside (a review's uid, a pod's name, an error's text), so neither format writes a control
 character raw: a value cannot end its record's line and forge the next one, nor drive the terminal that shows it.
+That is why the formatters are written here rather than taken from a JSON-logging library: such a library escapes
+in its JSON output only, and the text format needs the same escaping (common/escape.py); both formats together are
+about fifty lines.
 """
 
 from __future__ import annotations

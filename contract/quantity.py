@@ -1,4 +1,11 @@
-"""Kubernetes resource quantities ("4Gi", "1536Mi", "4294967296", "1.5e9") as exact GiB or MiB units (pure)."""
+"""Kubernetes resource quantities ("4Gi", "1536Mi", "4294967296", "1.5e9") as exact GiB or MiB units (pure).
+
+Written here rather than with the kubernetes client's `kubernetes.utils.parse_quantity`, for three reasons: the
+protocol imports no kubernetes client (CONTRIBUTING.md, rule 1); that function hands the number to `Decimal`, which
+also takes forms the API server refuses (`NaN`, `Infinity`, `1_000`, surrounding spaces); and its arithmetic runs
+at `Decimal`'s default 28 digits, rounding where a share must be exact. Here a quantity is the API server's grammar
+(one regular expression), bounded in length and exponent, and computed with `Fraction`.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,9 @@
-"""Changes in one directory from Linux inotify, through libc with ctypes; without inotify it only waits."""
+"""Changes in one directory from Linux inotify, through libc with ctypes; without inotify it only waits.
+
+Three libc calls and one event layout: a package for them (inotify_simple is itself ctypes over the same calls;
+watchdog adds threads and, without inotify, polling) would add a dependency to the node image for no feature
+this needs.
+"""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""One adapter per outside world: only the plugin's apiserver.py imports the kubernetes client (CONTRIBUTING.md, rule 2).
+"""One adapter per outside world: only the plugin's apiserver.py imports the kubernetes client (CONTRIBUTING.md 2).
 The purity of the deciding modules is checked for the whole project in tests/test_purity.py."""
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from webhook.acceptshare import Shares
+from webhook.server.acceptshare import Shares
 
 
 def gone_pid() -> int:

@@ -14,10 +14,10 @@ from tests.harness.apiserver import policies
 from tests.harness.manifests.render import MANIFESTS
 from tests.harness.pods import KEY, NS, USER, Pod, annotate, container, counter, pod
 from tests.webhook.test_validate import CREATE_ALLOWED, CREATE_DENIALS, POLICY, UNBOOKABLE, with_env
-from webhook.admit import is_gpu_share, mutate_create, patched
-from webhook.mutate import NoSigningKey, mutate
-from webhook.settings import Settings
-from webhook.validate import validate
+from webhook.rules.admit import is_gpu_share, mutate_create, patched
+from webhook.rules.mutate import NoSigningKey, mutate
+from webhook.rules.validate import validate
+from webhook.server.settings import Settings
 
 ORDINARY = [
     ("plain", pod(container("web")), POLICY),
@@ -88,7 +88,7 @@ def test_the_policy_selects_what_the_entry_selects_at_a_create() -> None:
 
 
 def test_without_the_key_a_gpu_share_pod_with_an_intent_is_not_judged() -> None:
-    """An intent to verify needs the key; the view answers that the key cannot be read (webhook/app.py)."""
+    """An intent to verify needs the key; the view answers that the key cannot be read (webhook/server/app.py)."""
     sent = annotate(pod(container("a", 0)), {"gpushare.io/intent": "{}", "gpushare.io/intent-signature": "x"})
     with pytest.raises(NoSigningKey):
         mutate_create(sent, NS, POLICY, None, KEY.public_key(), counter())

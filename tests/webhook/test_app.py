@@ -19,8 +19,8 @@ from certs.cli import write_files
 from contract import IDX
 from tests.harness.cases.plugin_cases import ALLOCATED_POD, ASSIGNED_POD, binding
 from tests.harness.pods import EXTENDER, NODE, PLUGIN, container, counter, pod, review
-from webhook.app import create_app
-from webhook.settings import Settings, settings_from
+from webhook.server.app import create_app
+from webhook.server.settings import Settings, settings_from
 
 NOW = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
 
@@ -135,7 +135,7 @@ def test_internal_error_is_still_a_well_formed_denial(
 
     # /mutate fails on the id source, /validate on a rule that breaks (a signing key that cannot be read is no
     # internal error: tests/webhook/test_lost_key.py).
-    monkeypatch.setattr("webhook.app.validate", broken)
+    monkeypatch.setattr("webhook.server.app.validate", broken)
     app = create_app(settings_for(cert_dir), new_id=broken)
     with app.test_client() as c, caplog.at_level(logging.ERROR):
         status, answer = post(c, path, review("CREATE", pod(container("a", 2)), uid="u-err"))
@@ -148,7 +148,7 @@ def test_internal_error_is_still_a_well_formed_denial(
 
 
 def test_admission_log_lines_name_the_pod_and_uid(client: FlaskClient, caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.INFO, logger="webhook.app"):
+    with caplog.at_level(logging.INFO, logger="webhook.server.app"):
         post(client, "/mutate", review("CREATE", pod(container("a", 1), name=None), uid="u-log"))
     assert "mutate ml/job-<generated> uid=u-log CREATE ops=2" in caplog.text
 
@@ -191,7 +191,7 @@ def test_readiness_follows_the_serving_certificate_expiry(
     cert_dir: Path, caplog: pytest.LogCaptureFixture, now: datetime.datetime, status: int, warned: bool
 ) -> None:
     app = create_app(settings_for(cert_dir), clock=lambda: now)
-    with app.test_client() as c, caplog.at_level(logging.WARNING, logger="webhook.app"):
+    with app.test_client() as c, caplog.at_level(logging.WARNING, logger="webhook.server.app"):
         first, second = c.get("/readyz"), c.get("/readyz")
     assert first.status_code == second.status_code == status
     assert first.headers["X-Serving-Certificate-Expires"].startswith(f"{EXPIRES:%Y-%m-%dT%H}")
@@ -285,7 +285,7 @@ def binding_review(annotations: dict[str, str] | None, user: str, *, legacy: boo
 def test_a_binding_is_judged_by_validate(client: FlaskClient, legacy: bool, caplog: pytest.LogCaptureFixture) -> None:
     _, answer = post(client, "/validate", binding_review(None, EXTENDER, legacy=legacy))
     assert answer["response"] == {"uid": "u-bind", "allowed": True}
-    with caplog.at_level(logging.INFO, logger="webhook.app"):
+    with caplog.at_level(logging.INFO, logger="webhook.server.app"):
         _, answer = post(client, "/validate", binding_review({IDX: "0"}, "alice", legacy=legacy))
     assert answer["response"]["allowed"] is False
     assert answer["response"]["status"]["message"].startswith(

@@ -1,5 +1,5 @@
 """A full webhook process makes room for a new client by closing a connection of the client that holds the most, so
-clients that open many connections cannot lock the API server out (webhook/connlimits.py decides whose)."""
+clients that open many connections cannot lock the API server out (webhook/server/connlimits.py decides whose)."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from webhook.connlimits import Ledger, Limit, State, Verdict
+from webhook.server.connlimits import Ledger, Limit, State, Verdict
 
 Conn = tuple[str, int]  # (client, number): readable names in the tables below
 

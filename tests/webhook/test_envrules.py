@@ -12,10 +12,10 @@ from contract import IDX
 from contract.env import annotation_ref
 from tests.harness.cases.selection_cases import CASES, CDI, ENV, FORMS, PLACES, Case, mutated, request
 from tests.harness.pods import EXTENDER, KEY, NS, USER, Pod, annotate, container, pod, stamped
-from webhook.envrules import VOID, under_device_list
-from webhook.mutate import mutate_update
-from webhook.settings import settings_from
-from webhook.validate import validate
+from webhook.rules.envrules import VOID, under_device_list
+from webhook.rules.mutate import mutate_update
+from webhook.rules.validate import validate
+from webhook.server.settings import settings_from
 
 POLICY, CDI_POLICY = settings_from({}), settings_from({"GPUSHARE_DELIVERY": "cdi"})
 NEUTRAL = {"name": "NVIDIA_VISIBLE_DEVICES", "value": VOID}

@@ -6,9 +6,9 @@ import pytest
 
 from tests.harness.cases.plugin_cases import BINDINGS, PLUGIN_WRITES, SYSTEM
 from tests.harness.pods import EXTENDER, KEY, NS, PLUGIN, USER, Pod, annotate
-from webhook.identity import changed_field, first_difference
-from webhook.settings import settings_from
-from webhook.validate import validate, validate_binding
+from webhook.rules.identity import changed_field, first_difference
+from webhook.rules.validate import validate, validate_binding
+from webhook.server.settings import settings_from
 
 POLICY = settings_from({})
 

@@ -33,11 +33,11 @@ from tests.webhook.test_validate import (
     UPDATE_DENIALS,
     with_env,
 )
-from webhook.app import create_app
-from webhook.metrics import CertificateExpiry, WebhookMetrics, WireMetrics
-from webhook.problems import REASONS
-from webhook.settings import Settings, settings_from
-from webhook.validate import validate
+from webhook.rules.problems import REASONS
+from webhook.rules.validate import validate
+from webhook.server.app import create_app
+from webhook.server.metrics import CertificateExpiry, WebhookMetrics, WireMetrics
+from webhook.server.settings import Settings, settings_from
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -312,7 +312,7 @@ def test_idle_connections_to_the_metrics_port_hold_no_thread_of_the_arbiter(tmp_
 
 
 # ---------------------------------------------------------------------------------------------------------
-# The wire: connections, TLS handshakes and requests, as each worker process sees them (webhook/worker.py).
+# The wire: connections, TLS handshakes and requests, as each worker process sees them (webhook/server/worker.py).
 
 def test_wire_requests_are_counted_by_endpoint() -> None:
     from prometheus_client import generate_latest

@@ -12,7 +12,7 @@ import pytest
 from contract import IDX, RESERVED_ENV, Contract, parse_intent, signing
 from contract.env import expected_env
 from tests.harness.pods import KEY, NS, OTHER_KEY, container, counter, pod, stamped
-from webhook.mutate import mutate
+from webhook.rules.mutate import mutate
 
 ENV = Contract()
 VOID = {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}

@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from contract import Contract, ProtocolError, container_units, demand_of, intent_for, signing
 from contract.env import expected_env
 from tests.harness.pods import KEY, NS, RES
-from webhook.envrules import NEUTRAL_ENV, is_neutral, needs_void
-from webhook.mutate import mutate
+from webhook.rules.envrules import NEUTRAL_ENV, is_neutral, needs_void
+from webhook.rules.mutate import mutate
 
 CONTRACTS = [Contract(), Contract(delivery="cdi")]
 OTHER_GPU = ("nvidia.com/gpu",)

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from tests.harness.pods import container, pod, review
-from webhook.review import (
+from webhook.rules.review import (
     API_VERSION,
     KIND,
     VALIDATED_KINDS,
@@ -19,7 +19,7 @@ from webhook.review import (
     token_node,
     username,
 )
-from webhook.shape import MAX_DEPTH
+from webhook.rules.shape import MAX_DEPTH
 
 LIMIT = 1 << 20
 

@@ -1,4 +1,4 @@
-"""Serving: the reloading TLS context, the dev start-up (`python -m webhook.serve`) and its curl line."""
+"""Serving: the reloading TLS context, the dev start-up (`python -m webhook.server.serve`) and its curl line."""
 
 from __future__ import annotations
 
@@ -25,8 +25,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from certs.build import Issued, build_ca, build_serving_cert, dev_bundle
 from certs.cli import write_files
 from tests.harness.webhook.server import REPO, free_port
-from webhook.review import parse_review
-from webhook.serve import SAMPLE_REVIEW, ReloadingTLS, curl_line, main, prepare_dev, sample_review
+from webhook.rules.review import parse_review
+from webhook.server.serve import SAMPLE_REVIEW, ReloadingTLS, curl_line, main, prepare_dev, sample_review
 
 NOW = datetime.datetime.now(datetime.UTC)
 
@@ -130,7 +130,7 @@ def test_python_m_webhook_serve_prints_a_working_curl_line(tmp_path: Path) -> No
     env.update({"GPUSHARE_DEV_CERTS": str(tmp_path / "dev"), "GPUSHARE_BIND": f"127.0.0.1:{port}",
                 "GPUSHARE_METRICS_BIND": f"127.0.0.1:{free_port()}", "GPUSHARE_WORKERS": "1", "GPUSHARE_THREADS": "2"})
     process = subprocess.Popen(
-        [sys.executable, "-m", "webhook.serve"], cwd=REPO, env=env, stdout=subprocess.PIPE,
+        [sys.executable, "-m", "webhook.server.serve"], cwd=REPO, env=env, stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL, start_new_session=True, text=True,
     )
     try:

@@ -10,8 +10,8 @@ import pytest
 from common.cli import Variable
 from common.settings import SettingsError, log_settings
 from contract import contract_from
-from webhook import serve
-from webhook.settings import DEFAULT_EXTENDER, DEFAULT_PLUGIN, WEBHOOK_VARIABLES, settings_from
+from webhook.server import serve
+from webhook.server.settings import DEFAULT_EXTENDER, DEFAULT_PLUGIN, WEBHOOK_VARIABLES, settings_from
 
 
 def test_defaults() -> None:

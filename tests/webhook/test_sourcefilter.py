@@ -17,8 +17,8 @@ import pytest
 
 from common.settings import SettingsError
 from tests.harness.webhook.server import webhook_server
-from webhook import probe, sourcefilter
-from webhook.settings import settings_from
+from webhook.server import probe, sourcefilter
+from webhook.server.settings import settings_from
 
 # How long a dropped client is given to get through; a kept one connects at once over loopback.
 WAIT = 1.0

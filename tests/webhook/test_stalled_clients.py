@@ -103,7 +103,7 @@ def test_a_connection_that_never_sends_is_closed(strict: RunningWebhook) -> None
 
 def test_a_new_connection_waits_for_its_first_request_like_a_kept_alive_one(strict: RunningWebhook) -> None:
     """The API server pools connections it dialled and did not use yet (Go's net/http): one that sends its first
-    request after the read deadline is served, not reset (webhook/worker.py)."""
+    request after the read deadline is served, not reset (webhook/server/worker.py)."""
     with socket.create_connection((HOST, strict.port), timeout=10) as raw, \
             strict.ssl_context().wrap_socket(raw, server_hostname=HOST) as tls:
         time.sleep(2.5)  # past the 1 s read deadline, well within the keep-alive

@@ -27,8 +27,8 @@ from tests.harness.pods import (
     pod,
     stamped,
 )
-from webhook.settings import Settings, settings_from
-from webhook.validate import validate
+from webhook.rules.validate import validate
+from webhook.server.settings import Settings, settings_from
 
 POLICY = settings_from({})
 CDI_POLICY = settings_from({"GPUSHARE_DELIVERY": "cdi"})

@@ -18,20 +18,20 @@ from common.settings import (
     positive_int,
 )
 from contract import CONTRACT_VARIABLES, Contract, contract_from
-from webhook.sourcefilter import Network, networks
+from webhook.server.sourcefilter import Network, networks
 
 DEFAULT_EXTENDER = "system:serviceaccount:kube-system:gpushare-schd-extender"
 DEFAULT_PLUGIN = "system:serviceaccount:gpushare-system:gpushare-device-plugin"
 _LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
 _HOST_NAME = re.compile(rf"^(?=.{{1,253}}$){_LABEL}(\.{_LABEL})*$")
 
-# Connections one client address may hold in one worker process (webhook/connlimits.py). Its webhook client opens one
-# connection per call in flight and keeps at most 25 idle ones per host (client-go's transport cache). A
+# Connections one client address may hold in one worker process (webhook/server/connlimits.py). Its webhook client opens
+# one connection per call in flight and keeps at most 25 idle ones per host (client-go's transport cache). A
 # kube-apiserver runs at most --max-mutating-requests-inflight (200) writes at once (with API priority and fairness,
 # which shares both inflight limits, 600 seats, between priority levels, a level of pod writes gets a share of them),
 # and each write calls this webhook once at a time: about 225 connections to the whole Service, spread over every
-# replica and process. 256 lets one process hold all of them; the benchmarks use 8. Only past it, and with none of
-# that client's connections idle, is a connection of the API server refused.
+# replica and process. 256 lets one process hold all of them; the benchmarks use 8. Only past it, and with none of that
+# client's connections idle, is a connection of the API server refused.
 DEFAULT_PER_CLIENT = "256"
 
 # What --help lists; tests check that each default here is the one settings_from applies.
@@ -120,8 +120,8 @@ class Settings:
     bind: str
     max_body_bytes: int
     workers: int
-    threads: int  # app threads per process; 0: the app runs on the event loop's thread (webhook/worker.py)
-    # Bound of the TLS handshake, of the request headers and of the body, each (webhook/worker.py).
+    threads: int  # app threads per process; 0: the app runs on the event loop's thread (webhook/server/worker.py)
+    # Bound of the TLS handshake, of the request headers and of the body, each (webhook/server/worker.py).
     read_deadline_seconds: float
     log_level: str
     log_format: str
@@ -129,9 +129,9 @@ class Settings:
     metrics_bind: tuple[str, int] | None = None
     # Prometheus multiprocess directory given by the operator; empty: gunicorn.conf.py makes a fresh one.
     metrics_dir: str = ""
-    # Connections one client address may hold in one worker process (webhook/connlimits.py).
+    # Connections one client address may hold in one worker process (webhook/server/connlimits.py).
     max_connections_per_client: int = int(DEFAULT_PER_CLIENT)
-    # Who may connect to the admission port besides loopback (webhook/sourcefilter.py); empty: every source.
+    # Who may connect to the admission port besides loopback (webhook/server/sourcefilter.py); empty: every source.
     admission_sources: tuple[Network, ...] = ()
 
     @property

@@ -23,7 +23,7 @@ from contract import (
     signing,
 )
 from contract.env import expected_env
-from webhook.envrules import NEUTRAL_ENV, Slot, is_foreign_gpu, is_neutral, needs_void, new_ephemeral, slots
+from webhook.rules.envrules import NEUTRAL_ENV, Slot, is_foreign_gpu, is_neutral, needs_void, new_ephemeral, slots
 
 log = logging.getLogger(__name__)
 

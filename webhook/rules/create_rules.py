@@ -19,15 +19,15 @@ from contract import (
     signing,
 )
 from contract.env import expected_env, normal_env
-from webhook.booking import booking_problems
-from webhook.envrules import container_problems, slots
-from webhook.problems import Pod, Policy, Problem, tagged
+from webhook.rules.booking import booking_problems
+from webhook.rules.envrules import container_problems, slots
+from webhook.rules.problems import Pod, Policy, Problem, tagged
 
 
 def create_problems(pod: Pod, namespace: str, policy: Policy, public_key: Ed25519PublicKey, *,
                     genuine: bool = False) -> list[Problem]:
     """Every problem of the pod's CREATE; `genuine`: its intent and signature are the ones this webhook has just
-    stamped or recognised (webhook/admit.py), so the signature is not verified again."""
+    stamped or recognised (webhook/rules/admit.py), so the signature is not verified again."""
     contract = policy.contract
     annotations = read_annotations(pod)
     problems = tagged("reserved_annotation", (

@@ -8,7 +8,7 @@ from typing import Any, Final, Literal, NotRequired, TypedDict
 
 import orjson
 
-from webhook.shape import TOO_DEEP, binding_shape_problem, pod_shape_problem, too_deep
+from webhook.rules.shape import TOO_DEEP, binding_shape_problem, pod_shape_problem, too_deep
 
 API_VERSION: Final = "admission.k8s.io/v1"
 KIND: Final = "AdmissionReview"

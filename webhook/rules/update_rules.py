@@ -21,9 +21,9 @@ from contract import (
     parse_intent,
     read_annotations,
 )
-from webhook.envrules import container_problems, new_ephemeral
-from webhook.identity import plugin_problems
-from webhook.problems import Pod, Policy, Problem, tagged, verb
+from webhook.rules.envrules import container_problems, new_ephemeral
+from webhook.rules.identity import plugin_problems
+from webhook.rules.problems import Pod, Policy, Problem, tagged, verb
 
 
 def update_problems(  # noqa: PLR0917 - the request's parts, in the order validate() receives them

@@ -17,9 +17,9 @@ import orjson
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from contract import Contract, is_reserved_annotation, pod_ref, read_annotations
-from webhook.mutate import NoSigningKey, Patch, mutate_stamped
-from webhook.problems import Policy
-from webhook.validate import Verdict, create_verdict
+from webhook.rules.mutate import NoSigningKey, Patch, mutate_stamped
+from webhook.rules.problems import Policy
+from webhook.rules.validate import Verdict, create_verdict
 
 
 def is_gpu_share(pod: Mapping[str, Any], policy: Policy) -> bool:

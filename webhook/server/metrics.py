@@ -21,14 +21,14 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from common.metricsserver import MetricsServer as Listener
-from webhook.problems import REASONS
+from webhook.rules.problems import REASONS
 
 log = logging.getLogger(__name__)
 
 ENDPOINTS = ("mutate", "validate")
 OPERATIONS = ("CREATE", "UPDATE")  # the only ones the webhook is registered for; others are malformed
 OUTCOMES = ("allowed", "denied", "malformed", "error")
-LIMITS = ("client", "process")  # webhook/connlimits.py Limit
+LIMITS = ("client", "process")  # webhook/server/connlimits.py Limit
 EVICTED_STATES = ("idle", "unfinished")  # a busy connection is never closed for another
 HANDSHAKE_OUTCOMES = ("completed", "failed", "timed_out")
 REQUEST_ENDPOINTS = ("mutate", "validate", "other")  # other: /healthz, /readyz, anything else on the TLS port
@@ -78,7 +78,8 @@ class WebhookMetrics:
 
 
 class ConnectionMetrics:
-    """What the connection limits of one worker process did (webhook/connlimits.py); counted like WebhookMetrics."""
+    """What the connection limits of one worker process did (webhook/server/connlimits.py); counted like
+    WebhookMetrics."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
@@ -112,7 +113,7 @@ class WireMetrics:
         self.outsiders = Counter(
             "gpushare_webhook_connections_outside_sources",
             "Connections from outside GPUSHARE_ADMISSION_SOURCES reset at accept, before any TLS work; counted only "
-            "where the kernel refused the socket filter that otherwise drops them (webhook/sourcefilter.py).",
+            "where the kernel refused the socket filter that otherwise drops them (webhook/server/sourcefilter.py).",
             registry=self.registry,
         )
         self.handshakes = Counter(

@@ -6,12 +6,12 @@ included: Linux runs a listener's filter on each incoming segment before the han
 tcp_v4_rcv calls tcp_filter for TCP_LISTEN and TCP_NEW_SYN_RECV sockets; net/ipv6/tcp_ipv6.c likewise), and an
 accepted connection inherits it (sk_clone_lock). So no connection from elsewhere reaches the accept queue, where
 a new connection of the API server would otherwise wait behind a flood before any limit of ours could see it
-(webhook/connlimits.py only sees what was accepted). The dropped client sees its SYNs unanswered.
+(webhook/server/connlimits.py only sees what was accepted). The dropped client sees its SYNs unanswered.
 
 Upstream Linux attaches a classic filter for any process (net/core/filter.c, sk_attach_filter checks no
 capability), but some kernels allow it only with CAP_NET_ADMIN, which the webhook's container does not hold (the
 real-cluster tier's machine is one). There the worker checks the same list at accept (Sources) and resets a
-connection from elsewhere before any TLS work, up to _OUTSIDERS_PER_WAKE of them per wake-up (webhook/worker.py):
+connection from elsewhere before any TLS work, up to _OUTSIDERS_PER_WAKE of them per wake-up (webhook/server/worker.py):
 the flood then still passes through the accept queue, but each connection of it costs a few microseconds there.
 
 The program reads the source address relative to the network header (SKF_NET_OFF), so one program serves an IPv4

@@ -8,7 +8,7 @@ handed to the WSGI app. A stalled client costs a socket, never a thread.
 
 A process holds at most gunicorn's worker_connections, and one client address at most
 GPUSHARE_MAX_CONNECTIONS_PER_CLIENT of them; past either limit a new connection takes the place of another
-(webhook/connlimits.py says whose), so a client that opens many connections cannot lock the API server out.
+(webhook/server/connlimits.py says whose), so a client that opens many connections cannot lock the API server out.
 
 The app runs on the event loop's own thread by default (GPUSHARE_THREADS=0): reviews are pure computation of well
 under a millisecond that hold the GIL throughout, so a pool of app threads adds no parallelism, only a hand-off per
@@ -36,13 +36,13 @@ from gunicorn import sock as gunicorn_sock
 from gunicorn.workers import base
 
 from common import http1
-from webhook import sourcefilter
-from webhook.acceptshare import Shares
-from webhook.connections import Conn, Connections, Reader
-from webhook.connlimits import State
-from webhook.metrics import WireMetrics
-from webhook.probe import bound_host
-from webhook.settings import from_environ
+from webhook.server import sourcefilter
+from webhook.server.acceptshare import Shares
+from webhook.server.connections import Conn, Connections, Reader
+from webhook.server.connlimits import State
+from webhook.server.metrics import WireMetrics
+from webhook.server.probe import bound_host
+from webhook.server.settings import from_environ
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +100,7 @@ class WebhookWorker(base.Worker):  # type: ignore[misc]  # gunicorn ships no typ
         super().init_process()
 
     def _filter_sources(self) -> None:
-        """The kernel drops connections from outside GPUSHARE_ADMISSION_SOURCES (webhook/sourcefilter.py). Every
+        """The kernel drops connections from outside GPUSHARE_ADMISSION_SOURCES (webhook/server/sourcefilter.py). Every
         worker attaches the same filter to the listening sockets they share, so a listener gunicorn made anew on a
         reload gets it before any worker accepts on it. Where the kernel refuses the filter, _accept resets those
         connections itself, before any TLS work."""
@@ -265,7 +265,7 @@ class WebhookWorker(base.Worker):  # type: ignore[misc]  # gunicorn ships no typ
             secured = await self._handshake(writer, client)
             graceful = secured and await self._exchange(conn, client)
         except asyncio.CancelledError:
-            pass  # the worker is stopping, or the connection gave way to another (webhook/connections.py)
+            pass  # the worker is stopping, or the connection gave way to another (webhook/server/connections.py)
         except _ERRORS as exc:  # the client went away or broke TLS mid-request
             log.debug("The connection from %s:%s ended: %r.", client[0], client[1], exc)
         finally:

@@ -1,4 +1,4 @@
-"""`gpushare-webhook` / `python -m webhook.serve`: start gunicorn over TLS; certificates reloaded from disk."""
+"""`gpushare-webhook` / `python -m webhook.server.serve`: start gunicorn over TLS; certificates reloaded from disk."""
 
 from __future__ import annotations
 
@@ -18,12 +18,12 @@ from gunicorn.glogging import Logger
 from common import cli
 from common.logsetup import FIELDS
 from common.settings import SettingsError
-from webhook import preflight
-from webhook.settings import WEBHOOK_VARIABLES, Settings, settings_from
+from webhook.server import preflight
+from webhook.server.settings import WEBHOOK_VARIABLES, Settings, settings_from
 
 log = logging.getLogger(__name__)
 
-GUNICORN_CONF = Path(__file__).resolve().parent.parent / "gunicorn.conf.py"
+GUNICORN_CONF = Path(__file__).resolve().parents[2] / "gunicorn.conf.py"  # beside the webhook package
 DEFAULT_DEV_DIR = ".dev-certs"
 SAMPLE_REVIEW = "sample-review.json"
 

@@ -11,7 +11,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 
 from contract.signing import SigningKeyError, load_private_key
-from webhook.settings import Settings, bind_address
+from webhook.server.settings import Settings, bind_address
 
 DEV_HINT = "or, for development, run `gpushare-webhook --dev`"
 TLS_SECRET = "the gpushare-webhook-tls Secret"

@@ -1,6 +1,6 @@
 """The webhook worker's connections: each one's reader, writer and task, and making room for a new one.
 
-webhook/connlimits.py decides which connection gives way; this module does it (a reset), counts it
+webhook/server/connlimits.py decides which connection gives way; this module does it (a reset), counts it
 (gpushare_webhook_connections_evicted_total, _refused_total) and says so in at most one log line per _WARN_EVERY.
 """
 
@@ -17,8 +17,8 @@ import time
 from collections.abc import Iterable
 from typing import SupportsIndex
 
-from webhook.connlimits import Ledger, State, Verdict
-from webhook.metrics import ConnectionMetrics
+from webhook.server.connlimits import Ledger, State, Verdict
+from webhook.server.metrics import ConnectionMetrics
 
 log = logging.getLogger(__name__)
 

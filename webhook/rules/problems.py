@@ -1,5 +1,5 @@
 """What the admission rules share: the pod and policy types, and a problem tagged with the reason it is counted
-under (webhook/metrics.py)."""
+under (webhook/server/metrics.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ Pod = Mapping[str, Any]
 
 
 class Policy(Protocol):
-    """What the rules need from the settings (webhook.settings.Settings satisfies it)."""
+    """What the rules need from the settings (webhook.server.settings.Settings satisfies it)."""
 
     @property
     def contract(self) -> Contract: ...
@@ -31,7 +31,7 @@ class Policy(Protocol):
     def other_gpu_resources(self) -> tuple[str, ...]: ...
 
 
-# What a denial is counted under (webhook/metrics.py): a small, fixed set, each problem tagged with one.
+# What a denial is counted under (webhook/server/metrics.py): a small, fixed set, each problem tagged with one.
 REASONS = (
     "reserved_annotation", "no_intent", "forged_intent", "intent_changed", "not_authorized", "placement_frozen",
     "bad_assignment", "container_env", "too_large", "unbookable", "bad_spec",

@@ -1,7 +1,7 @@
 """`gpushare-webhook-probe /readyz` (or `/healthz`): the webhook container's own probe, over loopback.
 
 The kubelet's httpGet probes come from the node's address on the pod network, which is neither known here nor the
-API server's, so GPUSHARE_ADMISSION_SOURCES would drop them (webhook/sourcefilter.py). This probe runs inside the
+API server's, so GPUSHARE_ADMISSION_SOURCES would drop them (webhook/server/sourcefilter.py). This probe runs inside the
 container (an exec probe) and connects to the admission port from loopback, which the filter always admits. Like the
 kubelet's HTTPS probes it does not verify the serving certificate: it asks whether the server answers, and the
 server's /readyz checks the certificate itself. Exit 0 on a 2xx answer, 1 otherwise, with the reason on stdout
@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from common.cli import Variable
 
 PATHS = ("/readyz", "/healthz")
-# The webhook's one setting the probe reads (webhook/settings.py WEBHOOK_VARIABLES has its full text).
+# The webhook's one setting the probe reads (webhook/server/settings.py WEBHOOK_VARIABLES has its full text).
 PROBE_VARIABLES = (Variable("GPUSHARE_BIND", "127.0.0.1:8443", "the webhook's listen address; the probe connects "
                             "to loopback for a wildcard host"),)
 # Within the probe's own timeoutSeconds (manifests/base/webhook.yaml: 2 s), so the kubelet reads our reason.
@@ -77,7 +77,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
 
 def bound_host(bind: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network | None:
     """The one address the admission port is bound to, when it is neither a wildcard nor loopback: the probe
-    connects there from the container itself, so the filter admits it with loopback (webhook/worker.py)."""
+    connects there from the container itself, so the filter admits it with loopback (webhook/server/worker.py)."""
     host = target(bind)[0]
     try:
         address = ipaddress.ip_address(host)

@@ -1,4 +1,4 @@
-"""Flask app factory: the only module that knows HTTP; it translates reviews and exceptions to answers."""
+"""Flask app factory: the one view over webhook.rules; it translates reviews and exceptions to HTTP answers."""
 
 from __future__ import annotations
 
@@ -20,10 +20,9 @@ from werkzeug.exceptions import RequestEntityTooLarge
 
 from common import logsetup
 from contract import pod_ref, signing
-from webhook.admit import carries_stamp, mutate_create
-from webhook.metrics import WebhookMetrics
-from webhook.mutate import NoSigningKey, Patch, mutate_update
-from webhook.review import (
+from webhook.rules.admit import carries_stamp, mutate_create
+from webhook.rules.mutate import NoSigningKey, Patch, mutate_update
+from webhook.rules.review import (
     VALIDATED_KINDS,
     MalformedReview,
     Request,
@@ -33,8 +32,9 @@ from webhook.review import (
     token_node,
     username,
 )
-from webhook.settings import Settings, from_environ
-from webhook.validate import Verdict, validate, validate_binding
+from webhook.rules.validate import Verdict, validate, validate_binding
+from webhook.server.metrics import WebhookMetrics
+from webhook.server.settings import Settings, from_environ
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +100,7 @@ def _sub(req: Request) -> str:
 
 def _mutation(req: Request, settings: Settings, key: SigningKey,
               new_id: Callable[[], str]) -> tuple[Patch, Verdict | None]:
-    """The patch, and for a GPU-share pod's CREATE the verdict on the pod it makes (webhook/admit.py);
+    """The patch, and for a GPU-share pod's CREATE the verdict on the pod it makes (webhook/rules/admit.py);
     SigningKeyError when a GPU-share pod is to be stamped or its intent checked and the key cannot be read. Every
     other pod reaches a fail-open entry and needs no signature, so it is mutated as ever (readiness reports the key)."""
     if req["operation"] == "UPDATE" and req["oldObject"] is not None:  # pods/ephemeralcontainers
@@ -214,7 +214,8 @@ def create_app(
     clock: Callable[[], datetime.datetime] = _utc_now,
     metrics: WebhookMetrics | None = None,
 ) -> Flask:
-    """The webhook's WSGI app: POST /mutate, POST /validate, GET /healthz, GET /readyz (metrics: webhook/metrics.py)."""
+    """The webhook's WSGI app: POST /mutate, POST /validate, GET /healthz, GET /readyz (metrics:
+    webhook/server/metrics.py)."""
     app = Flask(__name__)
     # The API server's own limit for a request body is 3 MiB (etcd's 1.5 MiB object, JSON-wrapped twice).
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes

@@ -1,7 +1,7 @@
 """(operation, old pod, new pod, user) -> verdict: the lifecycle rules of the annotation contract (pure).
 
-The rules themselves are in webhook/create_rules.py and webhook/update_rules.py; this module turns their problems
-into the one denial message the API server returns.
+The rules themselves are in webhook/rules/create_rules.py and webhook/rules/update_rules.py; this module turns their
+problems into the one denial message the API server returns.
 """
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from contract import pod_ref
-from webhook.binding import binding_problems
-from webhook.create_rules import create_problems
-from webhook.problems import REASONS, Pod, Policy, Problem, tagged
-from webhook.update_rules import update_problems
+from webhook.rules.binding import binding_problems
+from webhook.rules.create_rules import create_problems
+from webhook.rules.problems import REASONS, Pod, Policy, Problem, tagged
+from webhook.rules.update_rules import update_problems
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ def validate(  # noqa: PLR0917 - the call shape of the shared contract: (operati
 
 def create_verdict(pod: Pod, namespace: str, policy: Policy, public_key: Ed25519PublicKey, *,
                    genuine: bool = False) -> Verdict:
-    """The CREATE rules alone, as the mutating entry judges a GPU-share pod it has just stamped (webhook/admit.py;
+    """The CREATE rules alone, as the mutating entry judges a GPU-share pod it has just stamped (webhook/rules/admit.py;
     `genuine`: the pod's intent is the webhook's own, its signature not checked again)."""
     return _verdict(create_problems(pod, namespace, policy, public_key, genuine=genuine), pod_ref(pod, namespace))
 

@@ -2,14 +2,14 @@
 
 Every connection is in one of three states. UNFINISHED: its TLS handshake or a request is not whole yet (bounded by
 GPUSHARE_READ_DEADLINE_SECONDS), or its first request has not begun (bounded by gunicorn's keepalive: the API server
-pools connections it has not used yet, webhook/worker.py). BUSY: a whole request is being answered. IDLE: kept alive
-after an answer, waiting for the next request (bounded by gunicorn's keepalive). A new connection from a client that
-already holds `per_client` closes that client's oldest idle connection, or is refused when it has none. A new
-connection to a process that holds `total` closes a connection of the client holding the most, as long as that
-client holds more than the newcomer's: its oldest idle one, else its oldest unfinished one; failing that, the
-newcomer's own oldest idle one; failing that, it is refused. A busy connection is never closed. So a client with few
-connections (the API server) keeps its own and gets in, whatever a client with many does, and a client that holds
-only unfinished connections waits for their deadline instead of taking other clients' places.
+pools connections it has not used yet, webhook/server/worker.py). BUSY: a whole request is being answered. IDLE: kept
+alive after an answer, waiting for the next request (bounded by gunicorn's keepalive). A new connection from a client
+that already holds `per_client` closes that client's oldest idle connection, or is refused when it has none. A new
+connection to a process that holds `total` closes a connection of the client holding the most, as long as that client
+holds more than the newcomer's: its oldest idle one, else its oldest unfinished one; failing that, the newcomer's own
+oldest idle one; failing that, it is refused. A busy connection is never closed. So a client with few connections (the
+API server) keeps its own and gets in, whatever a client with many does, and a client that holds only unfinished
+connections waits for their deadline instead of taking other clients' places.
 """
 
 from __future__ import annotations

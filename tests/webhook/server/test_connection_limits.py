@@ -15,7 +15,7 @@ import pytest
 from tests.harness.pods import container, pod, review
 from tests.harness.webhook.server import HOST, RunningWebhook, webhook_server
 from tests.harness.webhook.stalled_clients import close_all, closed_by_server, open_idle, open_one, still_open
-from tests.webhook.test_metrics import samples, value
+from tests.webhook.server.test_metrics import samples, value
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -13,7 +13,7 @@ from celpy.adapter import json_to_cel
 from tests.harness.apiserver import policies
 from tests.harness.manifests.render import MANIFESTS
 from tests.harness.pods import KEY, NS, USER, Pod, annotate, container, counter, pod
-from tests.webhook.test_validate import CREATE_ALLOWED, CREATE_DENIALS, POLICY, UNBOOKABLE, with_env
+from tests.webhook.rules.test_validate import CREATE_ALLOWED, CREATE_DENIALS, POLICY, UNBOOKABLE, with_env
 from webhook.rules.admit import is_gpu_share, mutate_create, patched
 from webhook.rules.mutate import NoSigningKey, mutate
 from webhook.rules.validate import validate

@@ -8,7 +8,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.webhook.test_mutate_property import pods
+from tests.webhook.rules.test_mutate_property import pods
 from webhook.rules.shape import shape_problem, well_shaped
 
 wrong: st.SearchStrategy[Any] = st.sampled_from([None, 5, "s", [], {}, True])

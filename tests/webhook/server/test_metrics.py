@@ -24,7 +24,7 @@ from common.settings import SettingsError, metrics_address
 from contract import ASSIGNED, IDX, signing
 from tests.harness.pods import EXTENDER, KEY, PLUGIN, USER, Pod, annotate, container, placed, pod, review, stamped
 from tests.harness.webhook.server import HOST, RunningWebhook, webhook_server
-from tests.webhook.test_validate import (
+from tests.webhook.rules.test_validate import (
     ALLOCATED_POD,
     ASSIGNED_POD,
     CREATE_DENIALS,

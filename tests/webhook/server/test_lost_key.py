@@ -19,7 +19,7 @@ from certs.build import dev_bundle
 from certs.cli import write_files
 from contract import DEV, IDX, POD
 from tests.harness.pods import EXTENDER, KEY, container, counter, pod, review, stamped
-from tests.webhook.test_app import post, settings_for
+from tests.webhook.server.test_app import post, settings_for
 from webhook.server.app import create_app
 
 NOW = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)

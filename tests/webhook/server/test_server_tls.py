@@ -20,7 +20,7 @@ from contract import IDX, parse_intent, signing
 from contract.env import expected_env
 from tests.harness.pods import EXTENDER, annotate, container, pod, review
 from tests.harness.webhook.server import HOST, RunningWebhook, webhook_server
-from tests.webhook.test_envrules import ATTACKS, ephemeral
+from tests.webhook.rules.test_envrules import ATTACKS, ephemeral
 
 pytestmark = pytest.mark.timeout(90)
 

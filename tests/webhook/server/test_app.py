@@ -134,7 +134,7 @@ def test_internal_error_is_still_a_well_formed_denial(
         raise RuntimeError("id source exhausted")
 
     # /mutate fails on the id source, /validate on a rule that breaks (a signing key that cannot be read is no
-    # internal error: tests/webhook/test_lost_key.py).
+    # internal error: tests/webhook/server/test_lost_key.py).
     monkeypatch.setattr("webhook.server.app.validate", broken)
     app = create_app(settings_for(cert_dir), new_id=broken)
     with app.test_client() as c, caplog.at_level(logging.ERROR):

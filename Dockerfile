@@ -19,7 +19,8 @@ COPY webhook /app/webhook
 COPY deviceplugin /app/deviceplugin
 COPY certs /app/certs
 COPY kubectlplugin /app/kubectlplugin
-# The project lives at /app (webhook.serve finds gunicorn.conf.py beside its package); the venv points at it.
+# The project lives at /app (webhook.server.serve finds gunicorn.conf.py there, beside the webhook package); the
+# venv points at it.
 RUN /opt/venv/bin/pip install --config-settings editable_mode=compat -e /app \
     && /opt/venv/bin/pip uninstall --yes pip \
     && /opt/venv/bin/python -m compileall -q /app /opt/venv \

@@ -17,10 +17,10 @@ from typing import Any
 import jsonpatch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from webhook.mutate import mutate
-from webhook.review import parse_review, respond, username
-from webhook.settings import settings_from
-from webhook.validate import validate
+from webhook.rules.mutate import mutate
+from webhook.rules.review import parse_review, respond, username
+from webhook.rules.validate import validate
+from webhook.server.settings import settings_from
 
 SETTINGS = settings_from({})
 KEY = Ed25519PrivateKey.generate()

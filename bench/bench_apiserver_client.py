@@ -46,8 +46,8 @@ from bench.workload import create_review, deployment_pod
 from certs.build import dev_bundle
 from certs.cli import write_files
 from tests.harness.webhook.server import REPO, webhook_server
-from webhook.app import create_app
-from webhook.settings import settings_from
+from webhook.server.app import create_app
+from webhook.server.settings import settings_from
 
 BUILD = REPO / "bench" / "apiclient" / "build.sh"
 ADMISSION = REPO / "manifests" / "base" / "admission.yaml"

@@ -6,7 +6,7 @@ GPUSHARE_MAX_CONNECTIONS_PER_CLIENT at its default) and times mutate reviews, ea
 127.0.0.1 (connect, TLS handshake, request, answer), as the API server's client does when it needs one more:
 without other clients, then while one client address (127.0.0.2) holds N idle connections (one GET /healthz each,
 then silence), then while ten addresses (127.0.0.2-11) hold N/10 each; the three in turn, round after round, so the
-machine's other load falls on all alike. Before webhook/connlimits.py, past 1000 connections in a process its new
+machine's other load falls on all alike. Before webhook/server/connlimits.py, past 1000 connections in a process its new
 connections were refused.
 """
 

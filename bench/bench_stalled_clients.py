@@ -2,7 +2,7 @@
 
 Run: .venv/bin/python -m bench.bench_stalled_clients [--requests N] [--stalled N] [--seconds S]
 Starts the real server over TLS (2 processes x 4 threads, as deployed) once with gthread (the baseline) and once
-with webhook.worker, and prints for each: mutate latency p50/p99 over a kept-alive connection without and with
+with webhook.server.worker, and prints for each: mutate latency p50/p99 over a kept-alive connection without and with
 N stalled connections (a third each mid-handshake, mid-headers, mid-body), and throughput at concurrency 8.
 """
 
@@ -119,7 +119,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    kinds = {"gthread": ["-k", "gthread"], "webhook.worker": []}
+    kinds = {"gthread": ["-k", "gthread"], "webhook.server.worker": []}
     rows: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory() as tmp, ExitStack() as stack:
         hooks = {name: stack.enter_context(webhook_server(Path(tmp) / name, ENV, gunicorn_args=extra))

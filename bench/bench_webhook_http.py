@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.workload import create_review, deployment_pod
-from webhook.serve import GUNICORN_CONF, prepare_dev
+from webhook.server.serve import GUNICORN_CONF, prepare_dev
 
 TARGETS = {"ratio": 0.75, "p99_ms": 3.0, "rps": 1500.0}
 FLOOR_APP = "bench.floor_app:create_floor_app()"

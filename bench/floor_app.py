@@ -17,9 +17,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from flask import Flask, Response, request
 
 from bench.workload import create_review, deployment_pod
-from webhook.app import create_app
-from webhook.review import respond
-from webhook.settings import settings_from
+from webhook.rules.review import respond
+from webhook.server.app import create_app
+from webhook.server.settings import settings_from
 
 
 def _real_answer_bytes() -> int:

@@ -106,7 +106,7 @@ def comma_list(text: Any) -> tuple[Any, ...]:
     return ([part.strip() for part in str(text).split(",") if part.strip()],)
 
 
-# An IPv4 or IPv6 network in CIDR notation (the webhook checks it exactly at start: webhook/sourcefilter.py).
+# An IPv4 or IPv6 network in CIDR notation (the webhook checks it exactly at start: webhook/server/sourcefilter.py).
 CIDR = {"type": "string", "pattern": "^[0-9A-Fa-f.:]+(/[0-9]{1,3})?$", "maxLength": 43}
 # A namespace name (DNS-1123 label, as kube-apiserver validates it).
 DNS_LABEL = {"type": "string", "pattern": "^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", "maxLength": 63}

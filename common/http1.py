@@ -128,7 +128,7 @@ async def read_request(
     headers. A kept-alive connection may stay idle for `keepalive` before its next request; `started` is called when
     the first byte of that request arrives (the connection is no longer idle). With `first`, the first byte too must
     arrive within `read_deadline` (of the handshake's end), so a client cannot hold a connection it never used: the
-    metrics port; the webhook's worker lets a new connection wait like a kept-alive one (webhook/worker.py).
+    metrics port; the webhook's worker lets a new connection wait like a kept-alive one (webhook/server/worker.py).
     """
     loop = asyncio.get_running_loop()
     seconds = limits.read_deadline

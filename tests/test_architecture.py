@@ -27,11 +27,11 @@ WINDOW = 6
 KEY_MODULE = "contract/keys.py"
 
 
-def _files(*folders: str) -> list[Path]:
+def _files(*folders: str, root: Path = ROOT) -> list[Path]:
     return sorted(
         path
         for folder in folders
-        for path in (ROOT / folder).rglob("*.py")
+        for path in (root / folder).rglob("*.py")
         if "_pb2" not in path.name and "__pycache__" not in path.parts
     )
 
@@ -95,7 +95,7 @@ def test_package_does_not_import_the_webhook(package: str) -> None:
 
 
 # The layers under every program: common imports no other package of ours, the contract only common, and the
-# certificate tool only both (webhook.serve uses certs.devcerts for --dev, one way).
+# certificate tool only both (webhook.server.serve uses certs.devcerts for --dev, one way).
 LAYERS = {"common": set(), "contract": {"common"}, "certs": {"common", "contract"}}
 
 
@@ -104,6 +104,97 @@ def test_lower_layer_imports_only_what_is_below_it(package: str) -> None:
     above = {target: places for (source, target), places in _package_edges().items()
              if source == package and target not in LAYERS[package]}
     assert not above, f"{package} imports {above}"
+
+
+# The admission rules are pure (STYLE.md rule 1): nothing in webhook/rules/ imports the server beside it, nor an
+# HTTP, TLS or event-loop framework, directly or through another module of ours (contract, common, ...).
+
+RULES = "webhook/rules"
+SERVING = ("webhook.server", "flask", "werkzeug", "gunicorn", "asyncio", "ssl")
+# Entries read "importer -> imported": a module of ours, and the entry of SERVING it imports.
+RULES_IMPORTS_ALLOWED: set[str] = set()
+
+
+def _module(path: Path, root: Path) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _source(module: str, root: Path) -> Path | None:
+    """Our own module's file; None for a module from outside the repository, or a name that is no module."""
+    base = root.joinpath(*module.split("."))
+    return next((p for p in (base.with_suffix(".py"), base / "__init__.py") if p.is_file()), None)
+
+
+def _loads(path: Path, root: Path) -> Iterator[str]:
+    """The modules an import in `path` may load: relative imports resolved, `from p import m` as p and p.m, and the
+    packages above each (importing a.b.c runs a/__init__.py and a/b/__init__.py first)."""
+    package = _module(path, root).split(".")
+    if path.name != "__init__.py":
+        package = package[:-1]
+    for node in ast.walk(_tree(path)):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            above = package[: len(package) - node.level + 1] if node.level else []
+            base = ".".join([*above, *filter(None, (node.module or "").split("."))])
+            names = [base, *(f"{base}.{alias.name}" for alias in node.names)]
+        else:
+            continue
+        for name in names:
+            parts = name.split(".")
+            yield from (".".join(parts[:i]) for i in range(1, len(parts) + 1))
+
+
+def _forbidden_imports(folder: str, forbidden: tuple[str, ...], root: Path = ROOT) -> dict[str, str]:
+    """Each import of a `forbidden` module (or one under it) that `folder`'s modules reach through our own modules:
+    "importer -> forbidden" and the chain of imports from `folder` to the importer."""
+    found: dict[str, str] = {}
+    todo = [(_module(path, root), path) for path in _files(folder, root=root)]
+    chains = {module: module for module, _ in todo}
+    while todo:
+        module, path = todo.pop()
+        for name in _loads(path, root):
+            hit = next((f for f in forbidden if name == f or name.startswith(f"{f}.")), None)
+            if hit is not None:
+                found.setdefault(f"{module} -> {hit}", chains[module])
+            elif name not in chains and (source := _source(name, root)) is not None:
+                chains[name] = f"{chains[module]} -> {name}"
+                todo.append((name, source))
+    return found
+
+
+def test_forbidden_import_finder_sees_one(tmp_path: Path) -> None:
+    for name, text in {
+        "a/__init__.py": "",
+        "a/rules/__init__.py": "",
+        "a/rules/pure.py": "import json\nfrom a.rules import ok\n",
+        "a/rules/ok.py": "from . import pure\n",
+        "a/rules/direct.py": "def f():\n    import asyncio.events\n",
+        "a/rules/relative.py": "from ..server import app\n",
+        "a/rules/through.py": "from b.helper import x\n",
+        "a/server/__init__.py": "",
+        "a/server/app.py": "import flask\n",
+        "b/__init__.py": "",
+        "b/helper.py": "import ssl\nx = 1\n",
+    }.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    found = _forbidden_imports("a/rules", ("a.server", "flask", "asyncio", "ssl"), tmp_path)
+    assert found == {
+        "a.rules.direct -> asyncio": "a.rules.direct",
+        "a.rules.relative -> a.server": "a.rules.relative",
+        "b.helper -> ssl": "a.rules.through -> b.helper",
+    }
+
+
+def test_rules_import_nothing_of_the_server() -> None:
+    found = _forbidden_imports(RULES, SERVING)
+    unexpected = {edge: chain for edge, chain in found.items() if edge not in RULES_IMPORTS_ALLOWED}
+    assert not unexpected, "webhook.rules reaches the serving side; pass the rules plain values instead:\n" + "\n".join(
+        f"{edge} (reached by {chain})" for edge, chain in sorted(unexpected.items())
+    )
+    assert not RULES_IMPORTS_ALLOWED - set(found), f"no longer imported: {RULES_IMPORTS_ALLOWED - set(found)}"
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from common.cli import Variable
 from deviceplugin.dra.settings import DRA_VARIABLES
 from deviceplugin.settings import PLUGIN_VARIABLES
 from kubectlplugin.cli import VARIABLES as KUBECTL_PLUGIN_VARIABLES
-from webhook.probe import PROBE_VARIABLES
+from webhook.server.probe import PROBE_VARIABLES
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -25,7 +25,7 @@ BIN = Path(sys.executable).parent
 
 
 def variables_of(script: str) -> tuple[Variable, ...]:
-    from webhook.settings import WEBHOOK_VARIABLES
+    from webhook.server.settings import WEBHOOK_VARIABLES
 
     return {
         "gpushare-webhook": WEBHOOK_VARIABLES, "gpushare-device-plugin": PLUGIN_VARIABLES,

@@ -1,1 +1,1 @@
-"""The admission side of gpushare: the mutating and validating webhook server."""
+"""The admission side of gpushare: the admission rules (webhook.rules) and the server of them (webhook.server)."""

@@ -76,7 +76,7 @@ next:
 	return sum
 }
 
-// webhookCounters are the differences over a shape of what the webhook counts on the wire (webhook/metrics.py).
+// webhookCounters are the differences over a shape of what the webhook counts on the wire (webhook/server/metrics.py).
 func webhookCounters(before, after []Sample) map[string]float64 {
 	out := map[string]float64{}
 	if after == nil {

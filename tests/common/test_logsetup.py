@@ -17,7 +17,7 @@ from gunicorn.config import Config
 from common import logsetup
 from tests.harness.pods import container, pod, review
 from tests.harness.webhook.server import webhook_server
-from webhook.serve import GunicornLogger
+from webhook.server.serve import GunicornLogger
 
 TEXT_LINE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z (DEBUG|INFO|WARNING|ERROR|CRITICAL) \[\d+\] [\w.]+: ")
 
@@ -35,7 +35,7 @@ def stream() -> Iterator[io.StringIO]:
 
 def test_json_lines_carry_the_record_and_its_exception(stream: io.StringIO) -> None:
     logsetup.configure("INFO", "json", stream)
-    log = logging.getLogger("webhook.app")
+    log = logging.getLogger("webhook.server.app")
     log.info("mutate %s uid=%s", "team/pod", "u-1")
     try:
         raise ValueError("broken\nover two lines")
@@ -44,7 +44,7 @@ def test_json_lines_carry_the_record_and_its_exception(stream: io.StringIO) -> N
     log.debug("not shown at INFO")
     first, second = (json.loads(line) for line in stream.getvalue().splitlines())
     assert first["message"] == "mutate team/pod uid=u-1" and first["level"] == "INFO"
-    assert first["logger"] == "webhook.app" and isinstance(first["pid"], int)
+    assert first["logger"] == "webhook.server.app" and isinstance(first["pid"], int)
     assert datetime.datetime.fromisoformat(first["time"]).tzinfo is not None
     assert second["level"] == "ERROR" and "ValueError: broken" in second["exception"]
 
@@ -103,22 +103,22 @@ def test_the_running_webhook_writes_one_format(tmp_path: Path, log_format: str) 
         else:
             assert TEXT_LINE.match(line), line
             loggers.add(line.split("] ", 1)[1].split(":", 1)[0])
-    assert {"gunicorn.error", "webhook.app"} <= loggers
+    assert {"gunicorn.error", "webhook.server.app"} <= loggers
 
 
-FORGED = "u-1\n2026-01-02T03:04:05.678Z INFO [1] webhook.app: validate ml/pod uid=u-2 UPDATE allowed"
+FORGED = "u-1\n2026-01-02T03:04:05.678Z INFO [1] webhook.server.app: validate ml/pod uid=u-2 UPDATE allowed"
 
 
 def test_a_text_line_cannot_be_forged_through_a_logged_value(stream: io.StringIO) -> None:
     """A review uid or a pod name with a line break or an escape sequence stays on its record's line, escaped."""
     logsetup.configure("INFO", "text", stream)
-    log = logging.getLogger("webhook.app")
+    log = logging.getLogger("webhook.server.app")
     log.info("mutate %s uid=%s CREATE", "ml/p\r\x1b[2Kq\u2028r\x85", FORGED)
     (line,) = stream.getvalue().splitlines()
     assert TEXT_LINE.match(line), line
     assert all(c.isprintable() for c in line), line
-    assert line.endswith("webhook.app: mutate ml/p\\r\\x1b[2Kq\\u2028r\\x85 uid=u-1\\n2026-01-02T03:04:05.678Z INFO "
-                         "[1] webhook.app: validate ml/pod uid=u-2 UPDATE allowed CREATE")
+    assert line.endswith("webhook.server.app: mutate ml/p\\r\\x1b[2Kq\\u2028r\\x85 uid=u-1\\n2026-01-02T03:04:05.678Z "
+                         "INFO [1] webhook.server.app: validate ml/pod uid=u-2 UPDATE allowed CREATE")
 
 
 def test_a_traceback_follows_its_record_on_indented_lines(stream: io.StringIO) -> None:
@@ -126,21 +126,21 @@ def test_a_traceback_follows_its_record_on_indented_lines(stream: io.StringIO) -
     try:
         raise ValueError(f"bad uid {FORGED}\r\x1b[1A")
     except ValueError:
-        logging.getLogger("webhook.app").exception("mutate ml/p uid=%s failed", "u-1")
+        logging.getLogger("webhook.server.app").exception("mutate ml/p uid=%s failed", "u-1")
     first, *rest = stream.getvalue().rstrip("\n").split("\n")
     assert TEXT_LINE.match(first) and first.endswith("mutate ml/p uid=u-1 failed")
     # Only a record's own line starts at column 0; the exception's forged "record" is an indented line of its traceback.
     assert rest and all(line.startswith(logsetup.CONTINUATION) and not TEXT_LINE.match(line) for line in rest), rest
     assert all(c.isprintable() for line in rest for c in line), rest
     assert rest[0].strip() == "Traceback (most recent call last):"
-    assert rest[-1].strip() == "2026-01-02T03:04:05.678Z INFO [1] webhook.app: validate ml/pod uid=u-2 UPDATE " \
+    assert rest[-1].strip() == "2026-01-02T03:04:05.678Z INFO [1] webhook.server.app: validate ml/pod uid=u-2 UPDATE " \
                                "allowed\\r\\x1b[1A"
 
 
 def test_a_json_line_escapes_what_ends_a_line_elsewhere(stream: io.StringIO) -> None:
     """JSON escapes C0 controls by itself; C1 controls, DEL and U+2028/U+2029 it would write raw."""
     logsetup.configure("INFO", "json", stream)
-    logging.getLogger("webhook.app").info("mutate %s uid=%s", "ml/p\x85\u2028\u2029\x9b2J\x7f", FORGED)
+    logging.getLogger("webhook.server.app").info("mutate %s uid=%s", "ml/p\x85\u2028\u2029\x9b2J\x7f", FORGED)
     text = stream.getvalue()
     assert text.count("\n") == 1 and all(c.isprintable() for c in text.rstrip("\n")), repr(text)
     assert json.loads(text)["message"] == f"mutate ml/p\x85\u2028\u2029\x9b2J\x7f uid={FORGED}"

@@ -2,10 +2,10 @@
 
 The review's attack: open thousands of TLS connections to the webhook's port, send one `GET /healthz` on each,
 then stay silent. Each webhook process holds at most gunicorn's worker_connections, so before the connection
-limits gave way (webhook/worker.py) the API server's new connections were reset: GPU-share pods were refused (their
-entries fail closed) and ordinary pods went unneutralised (fail open). Here 2,000 such connections from one
-address, then 200 from each of ten addresses, are held while GPU-share and ordinary pods are created through the
-real API server, which calls the webhook from 127.0.0.1; every creation must be admitted, stamped or neutralised.
+limits gave way (webhook/server/worker.py) the API server's new connections were reset: GPU-share pods were refused
+(their entries fail closed) and ordinary pods went unneutralised (fail open). Here 2,000 such connections from one
+address, then 200 from each of ten addresses, are held while GPU-share and ordinary pods are created through the real
+API server, which calls the webhook from 127.0.0.1; every creation must be admitted, stamped or neutralised.
 The pods carry a scheduling gate: admitted and stored, never scheduled, so they take no GPU and no time on the node.
 """
 

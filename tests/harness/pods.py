@@ -27,7 +27,7 @@ from contract import (
     Contract,
     demand_of,
 )
-from webhook.mutate import mutate
+from webhook.rules.mutate import mutate
 
 RES = DEFAULT_RESOURCE
 NS = "ml"

@@ -264,7 +264,7 @@ def test_a_reconnect_flood_from_pods_leaves_every_review_answered(installed: Clu
           f"{_mean_ms(durations_quiet, durations_loud)} during it", file=sys.stderr)
     assert total["attempts"] > FLOOD_PODS * CONNECTIONS, total  # the flood ran and reopened
     # The webhook never spoke TLS to the flood: the kernel dropped its SYNs, or (where the kernel refuses the
-    # socket filter) the worker reset each connection at accept (webhook/sourcefilter.py).
+    # socket filter) the worker reset each connection at accept (webhook/server/sourcefilter.py).
     assert total["answered"] == 0, f"the webhook answered flood connections: {total}"
     assert total["connected"] == 0 or wire.get("reset as outsiders", 0) > 0, (total, wire)
     assert wire.get("handshakes completed", 0) >= len(targets), wire  # the API server's new connections

@@ -109,7 +109,7 @@ def test_image_carries_every_entry_point() -> None:
     for package in {target.split(".")[0] for target in scripts.values()}:
         assert package in copied.split() or f"{package}" in copied, f"package {package} is not copied"
         assert (ROOT / package).is_dir()
-    # webhook.serve execs gunicorn with the gunicorn.conf.py one directory above its package.
+    # webhook.server.serve execs gunicorn with the gunicorn.conf.py beside the webhook package.
     assert "gunicorn.conf.py" in copied and (ROOT / "gunicorn.conf.py").is_file()
     final = the_stages()[-1]
     cmd = [rest for word, rest in final.instructions if word == "CMD"]

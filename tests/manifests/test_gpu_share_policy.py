@@ -10,10 +10,10 @@ from contract import IDX, Contract
 from tests.harness.apiserver import policies
 from tests.harness.pods import KEY, NS, USER, Pod, annotate, container, pod, stamped
 from tests.manifests.test_policy import admit, policy
-from tests.webhook.test_admit import ROWS
-from webhook.admit import mutate_create, patched
-from webhook.settings import settings_from
-from webhook.validate import validate
+from tests.webhook.rules.test_admit import ROWS
+from webhook.rules.admit import mutate_create, patched
+from webhook.rules.validate import validate
+from webhook.server.settings import settings_from
 
 NAME = "gpushare-gpu-share-pods"
 POLICY = settings_from({})

@@ -28,7 +28,7 @@ from tests.harness.manifests.render import (
     pod_spec,
     render_with_component,
 )
-from webhook.metrics import CertificateExpiry, WebhookMetrics
+from webhook.server.metrics import CertificateExpiry, WebhookMetrics
 
 WORKLOADS = [("Deployment", "gpushare-webhook", "webhook"), ("DaemonSet", "gpushare-device-plugin", "device-plugin")]
 

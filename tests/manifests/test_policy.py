@@ -16,8 +16,8 @@ from tests.harness.cases.plugin_cases import BINDINGS, PLUGIN_WRITES, binding
 from tests.harness.cases.selection_cases import CASES, FORMS, PLACES, Case, request
 from tests.harness.manifests.render import MANIFESTS
 from tests.harness.pods import EXTENDER, PLUGIN, USER, Pod, annotate, container, pod, stamped
-from tests.webhook.test_envrules import ATTACKS, HARMLESS, ephemeral, webhook_refusal
-from webhook.envrules import DEVICE_ENV, ENV_SELECTING
+from tests.webhook.rules.test_envrules import ATTACKS, HARMLESS, ephemeral, webhook_refusal
+from webhook.rules.envrules import DEVICE_ENV, ENV_SELECTING
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -15,7 +15,7 @@ from contract import ASSIGNED, ASSUME_TIME, COMPAT_PREFIX, DEFAULT_PREFIX, DEFAU
 from contract.keys import COMPAT_KEYS, GPU_COUNT
 from tests.harness.manifests.render import MANIFESTS
 from tests.manifests.test_policy import documents
-from webhook.settings import settings_from
+from webhook.server.settings import settings_from
 
 CONTRACT = Contract()
 # The whole-GPU resources of other device plugins: a setting of the webhook whose default the policy spells.

@@ -132,8 +132,8 @@ def test_webhook_configuration(
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_webhook_paths_and_probes_are_routes_of_the_app(overlay: str) -> None:
-    app_module = pytest.importorskip("webhook.app")
-    settings_module = pytest.importorskip("webhook.settings")
+    app_module = pytest.importorskip("webhook.server.app")
+    settings_module = pytest.importorskip("webhook.server.settings")
     ed25519 = pytest.importorskip("cryptography.hazmat.primitives.asymmetric.ed25519")
     app = app_module.create_app(
         settings_module.settings_from({}), private_key=ed25519.Ed25519PrivateKey.generate()
@@ -143,7 +143,7 @@ def test_webhook_paths_and_probes_are_routes_of_the_app(overlay: str) -> None:
     for kind, name, _, _, _ in WEBHOOKS:
         assert (the_webhook(objs, kind, name)["clientConfig"]["service"]["path"], "POST") in routes
     ctr = container(pod_spec(objs, "Deployment", SERVICE), "webhook")
-    probe_module = pytest.importorskip("webhook.probe")
+    probe_module = pytest.importorskip("webhook.server.probe")
     env = {e["name"]: e.get("value") for e in ctr["env"]}
     assert probe_module.target(env["GPUSHARE_BIND"]) == ("127.0.0.1", 8443)  # from loopback (sourcefilter.LOOPBACK)
     assert container_port(ctr, "https") == 8443
@@ -252,7 +252,7 @@ def test_webhook_deployment(overlay: str) -> None:
     assert env["GPUSHARE_TLS_KEY"] == "/etc/gpushare/tls/tls.key"
     assert env["GPUSHARE_SIGNING_KEY"] == "/etc/gpushare/signing/signing.key"
     assert env["GPUSHARE_BIND"] == "0.0.0.0:8443"
-    settings = pytest.importorskip("webhook.settings").settings_from(env)  # the webhook would start with these
+    settings = pytest.importorskip("webhook.server.settings").settings_from(env)  # the webhook would start with these
     assert settings.bind == "0.0.0.0:8443"
 
 
@@ -352,7 +352,7 @@ def test_trusted_identities_are_the_service_accounts(overlay: str) -> None:
     assert config["GPUSHARE_PLUGIN_IDENTITIES"] == identity
     # The extender is deployed with the scheduler in kube-system, under the name its own manifests use.
     assert config["GPUSHARE_EXTENDER_IDENTITIES"] == "system:serviceaccount:kube-system:gpushare-schd-extender"
-    settings = pytest.importorskip("webhook.settings")
+    settings = pytest.importorskip("webhook.server.settings")
     defaults = (settings.DEFAULT_PLUGIN, settings.DEFAULT_EXTENDER)
     assert defaults == (config["GPUSHARE_PLUGIN_IDENTITIES"], config["GPUSHARE_EXTENDER_IDENTITIES"])
     # Both workloads read the cluster-wide settings from this one ConfigMap.

@@ -33,7 +33,7 @@ from tests.harness.manifests.admission_paths import IN_PROCESS, Cluster
 from tests.harness.manifests.admission_paths import rendered as rendered_on
 from tests.harness.pods import Pod, annotate, container, pod
 from tests.harness.webhook.server import RunningWebhook, webhook_server
-from webhook.envrules import NEUTRAL_ENV
+from webhook.rules.envrules import NEUTRAL_ENV
 
 # A cold build of helm (once per machine) happens in the first test that needs it.
 pytestmark = pytest.mark.timeout(helm.BUILD_TIMEOUT)
@@ -233,7 +233,7 @@ def in_namespace(p: Pod, namespace: str) -> Pod:
 
 def through_the_webhook(api: ApiServer, namespace: str, sent: Pod) -> tuple[Pod, str | None]:
     """The pod as the mutating entries leave it, and the entries' denial (None: admitted). A GPU-share pod is judged
-    by the mutating entry that stamps it (webhook/admit.py); then it is left as sent."""
+    by the mutating entry that stamps it (webhook/rules/admit.py); then it is left as sent."""
     api.add_namespace(namespace)
     attrs = Attributes(PODS, "CREATE", namespace, sent["metadata"]["name"], copy.deepcopy(sent), None, CREATOR)
     try:

@@ -45,7 +45,7 @@ def test_install_makes_the_api_server_trust_the_webhook(tmp_path: Path) -> None:
         with FakeWebhook(pair) as hook:
             api.add_service("gpushare-system", "gpushare-webhook", 443, hook.url)
             assert admin.create_pod("default", GPU_POD)["metadata"]["name"] == "gpu"
-            assert hook.paths() == ["/mutate"]  # a GPU-share pod's CREATE: one call (webhook/admit.py)
+            assert hook.paths() == ["/mutate"]  # a GPU-share pod's CREATE: one call (webhook/rules/admit.py)
 
         assert certs_main(["install", "--kubeconfig", str(kubeconfig)]) == 0  # idempotent: resumes, changes nothing
         assert {admin.get(key, "gpushare-webhook")["webhooks"][0]["clientConfig"]["caBundle"]

@@ -21,10 +21,10 @@ from contract import Contract, ProtocolError, parse_allocation, parse_assigned, 
 from tests.harness.fuzzing import CASES, RESERVED, annotation_values, fuzzed_bodies
 from tests.harness.pods import EXTENDER, KEY, PLUGIN, container, counter, pod, review, stamped
 from tests.harness.webhook.server import HOST, RunningWebhook, webhook_server
-from webhook.mutate import mutate, mutate_update
-from webhook.review import MalformedReview, Request, parse_review, username
-from webhook.settings import settings_from
-from webhook.validate import validate
+from webhook.rules.mutate import mutate, mutate_update
+from webhook.rules.review import MalformedReview, Request, parse_review, username
+from webhook.rules.validate import validate
+from webhook.server.settings import settings_from
 
 pytestmark = pytest.mark.timeout(300)
 LIMIT = 1 << 20

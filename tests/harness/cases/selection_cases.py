@@ -17,8 +17,8 @@ import jsonpatch
 
 from contract import Contract
 from tests.harness.pods import KEY, NS, Pod, container, counter, pod
-from webhook.envrules import VOID
-from webhook.mutate import mutate, mutate_update
+from webhook.rules.envrules import VOID
+from webhook.rules.mutate import mutate, mutate_update
 
 ENV, CDI = Contract(), Contract(delivery="cdi")
 CONTRACTS = {"env": ENV, "cdi": CDI}

@@ -24,11 +24,13 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ipaddress
+import logging
 import socket
 import struct
 from collections.abc import Iterable, Sequence
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+log = logging.getLogger(__name__)
 
 # include/uapi/asm-generic/socket.h (every architecture Kubernetes nodes run: amd64, arm64, ppc64le, s390x).
 SO_ATTACH_FILTER = 26
@@ -157,3 +159,26 @@ def load(sock: socket.socket, code: Sequence[Instruction]) -> None:
     buffer = ctypes.create_string_buffer(raw, len(raw))
     fprog = struct.pack("@HP", len(code), ctypes.addressof(buffer))  # struct sock_fprog {u16 len; filter *}
     sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER, fprog)
+
+
+def guard(listeners: Sequence[socket.socket], admission_sources: Sequence[Network], bind: str) -> Sources | None:
+    """Attach the filter for GPUSHARE_ADMISSION_SOURCES to the listening sockets every worker shares (each worker
+    does, so a listener gunicorn made anew on a reload gets it before any worker accepts on it). None: the kernel
+    keeps the list, or there is none; else the Sources the worker must check at accept, the kernel having refused."""
+    if not admission_sources:
+        return None
+    from webhook.server.probe import bound_host
+
+    own = bound_host(bind) if bind else None  # where the probe connects when not loopback
+    sources = Sources((*admission_sources, *([own] if own else [])))
+    for sock in listeners:
+        try:
+            attach(sock, sources.allowed)
+        except OSError as exc:
+            log.warning("The kernel refused the socket filter for %s (%s; some kernels allow it only with "
+                        "CAP_NET_ADMIN): connections from outside GPUSHARE_ADMISSION_SOURCES=%s are reset at accept "
+                        "instead, before any TLS work (gpushare_webhook_connections_outside_sources_total). They still "
+                        "pass through the kernel's accept queue.", bind, exc.strerror or exc,
+                        ",".join(map(str, admission_sources)))
+            return sources
+    return None

@@ -6,14 +6,8 @@ of a replica. Here one event loop per process owns every connection: the handsha
 each read under GPUSHARE_READ_DEADLINE_SECONDS, costing no thread while they wait, and only a whole request is
 handed to the WSGI app. A stalled client costs a socket, never a thread.
 
-A process holds at most gunicorn's worker_connections, and one client address at most
-GPUSHARE_MAX_CONNECTIONS_PER_CLIENT of them; past either limit a new connection takes the place of another
-(webhook/server/connlimits.py says whose), so a client that opens many connections cannot lock the API server out.
-
-The app runs on the event loop's own thread by default (GPUSHARE_THREADS=0): reviews are pure computation of well
-under a millisecond that hold the GIL throughout, so a pool of app threads adds no parallelism, only a hand-off per
-request and the loop's wait for the GIL after every socket call (gunicorn.conf.py has the figures). GPUSHARE_THREADS
-greater than zero runs the app on that many threads instead.
+Connection limits: webhook/server/connlimits.py; sources: webhook/server/sourcefilter.py. The app runs on the
+loop's own thread unless GPUSHARE_THREADS > 0 (gunicorn.conf.py has the figures that chose it).
 """
 
 from __future__ import annotations
@@ -41,7 +35,6 @@ from webhook.server.acceptshare import Shares
 from webhook.server.connections import Conn, Connections, Reader
 from webhook.server.connlimits import State
 from webhook.server.metrics import WireMetrics
-from webhook.server.probe import bound_host
 from webhook.server.settings import from_environ
 
 log = logging.getLogger(__name__)
@@ -96,29 +89,10 @@ class WebhookWorker(base.Worker):  # type: ignore[misc]  # gunicorn ships no typ
     def init_process(self) -> None:
         self.loop = asyncio.new_event_loop()  # in the worker process: the arbiter must not hold one per worker
         sslproto.SSLProtocol.max_size = TLS_READ_BUFFER
-        self._filter_sources()
+        # The kernel drops connections from outside GPUSHARE_ADMISSION_SOURCES; else _accept resets them itself.
+        self.sources = sourcefilter.guard([listener.sock for listener in self.sockets], self.admission_sources,
+                                          self.cfg.bind[0] if self.cfg.bind else "")
         super().init_process()
-
-    def _filter_sources(self) -> None:
-        """The kernel drops connections from outside GPUSHARE_ADMISSION_SOURCES (webhook/server/sourcefilter.py). Every
-        worker attaches the same filter to the listening sockets they share, so a listener gunicorn made anew on a
-        reload gets it before any worker accepts on it. Where the kernel refuses the filter, _accept resets those
-        connections itself, before any TLS work."""
-        if not self.admission_sources:
-            return
-        own = bound_host(self.cfg.bind[0]) if self.cfg.bind else None  # where the probe connects when not loopback
-        sources = sourcefilter.Sources((*self.admission_sources, *([own] if own else [])))
-        for listener in self.sockets:
-            try:
-                sourcefilter.attach(listener.sock, sources.allowed)
-            except OSError as exc:
-                self.sources = sources
-                log.warning("The kernel refused the socket filter for %s (%s; some kernels allow it only with "
-                            "CAP_NET_ADMIN): connections from outside GPUSHARE_ADMISSION_SOURCES=%s are reset at "
-                            "accept instead, before any TLS work (gpushare_webhook_connections_outside_sources_total)."
-                            " They still pass through the kernel's accept queue.", listener,
-                            exc.strerror or exc, ",".join(map(str, self.admission_sources)))
-                return
 
     def init_signals(self) -> None:
         for sig in self.SIGNALS:
@@ -179,12 +153,9 @@ class WebhookWorker(base.Worker):  # type: ignore[misc]  # gunicorn ships no typ
     # connections -------------------------------------------------------------------------------------------
 
     def _accept(self, sock: socket.socket) -> None:
-        """One connection per wake-up, where asyncio's own server takes up to 100: every process waits on the same
-        listening socket, and the API server opens its keep-alive connections in a burst, so taking them one at a
-        time lets every process take its share instead of the first one awake taking them all (measured in
-        bench/bench_webhook_http.py: 99% / 1% of the CPU time over two processes before). On a loaded machine the
-        first process awake may still take them all before the others run, so a process that holds more connections
-        than another (SHARES) first leaves it _TURN to take the next one."""
+        """One connection per wake-up, so every process takes its share of the API server's burst of keep-alive
+        connections (bench/bench_webhook_http.py: 99% / 1% of the CPU over two processes with asyncio's up to 100); a
+        process holding more than another (SHARES) first leaves it _TURN. Outsiders are reset here, many a wake-up."""
         if self._slot is not None and not self._deferred and SHARES.holds_more(self._slot):
             self._deferred = True
             self.loop.remove_reader(sock.fileno())
@@ -304,12 +275,8 @@ class WebhookWorker(base.Worker):  # type: ignore[misc]  # gunicorn ships no typ
         server = writer.get_extra_info("sockname")
         server_addr = (str(server[0]), int(server[1])) if isinstance(server, tuple) else ("localhost", 0)
         # A connection whose handshake is done may wait for its first request as long as a kept-alive one waits for
-        # its next (it stays unfinished for the connection limits until its first answer). The API server's client
-        # dials a connection for every call that finds none idle and pools those that another call's freed
-        # connection beat (Go's net/http, Transport.queueForDial and tryPutIdleConn): after a burst it holds
-        # connections it has not used yet, and takes them for the next calls. Closed at the read deadline instead,
-        # they cost the next burst new handshakes, and one closed as the client took it failed that call (EOF, not
-        # retried for a POST; seen in bench/bench_apiserver_client.py).
+        # its next: Go's Transport pools connections it dialed but did not use (queueForDial, tryPutIdleConn), and
+        # closing them at the read deadline cost handshakes and a failed POST (bench/bench_apiserver_client.py).
         reading = functools.partial(self.conns.mark, conn, State.UNFINISHED)
         while self.alive:
             try:

@@ -50,9 +50,8 @@ _OUTSIDERS_PER_WAKE = 256
 _ACCEPT_PAUSE = 1.0
 # At most this much of a refused, unread body is read and dropped before the connection closes.
 LINGER_BYTES = 64 * 1024 * 1024
-# asyncio gives every TLS connection a zeroed read buffer of SSLProtocol.max_size (256 KiB), resident from the start:
-# 1,000 idle connections held 280 MiB of a process, and two processes full of them passed the container's 384 Mi
-# limit. A TLS record is at most 16 KiB (RFC 8446 5.1) plus its header and tag; 32 KiB reads any one whole.
+# asyncio gives every TLS connection a zeroed 256 KiB read buffer (1,000 idle ones held 280 MiB of a process); a TLS
+# record is at most 16 KiB (RFC 8446 5.1) plus its header and tag, so 32 KiB reads any one whole.
 TLS_READ_BUFFER = 32 * 1024
 
 

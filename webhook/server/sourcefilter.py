@@ -29,6 +29,8 @@ import socket
 import struct
 from collections.abc import Iterable, Sequence
 
+from webhook.server.probe import bound_host
+
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 log = logging.getLogger(__name__)
 
@@ -167,8 +169,6 @@ def guard(listeners: Sequence[socket.socket], admission_sources: Sequence[Networ
     keeps the list, or there is none; else the Sources the worker must check at accept, the kernel having refused."""
     if not admission_sources:
         return None
-    from webhook.server.probe import bound_host
-
     own = bound_host(bind) if bind else None  # where the probe connects when not loopback
     sources = Sources((*admission_sources, *([own] if own else [])))
     for sock in listeners:

@@ -37,10 +37,16 @@ class Value:
     doc: str
     enum: tuple[str, ...] = ()
     items: Mapping[str, Any] = field(default_factory=dict)  # of a list value: the JSON Schema of each item
+    schema: Mapping[str, Any] = field(default_factory=dict)  # further JSON Schema keywords of the value
 
 
 def _one(value: Any) -> tuple[Any, ...]:
     return (value,)
+
+
+def image_defaults(image: Any) -> tuple[Any, ...]:
+    """The manifests' image -> the defaults of image.repository, image.tag and image.digest (none: the tag)."""
+    return (*split_image(image), "")
 
 
 def split_image(image: Any) -> tuple[Any, ...]:
@@ -58,7 +64,10 @@ class Knob:
     manifests). `block` fields are maps or lists written with toYaml; the others are scalars. An `append` knob adds
     the items of its value (a list, empty by default) after the items the manifests hold in the list `where`; with
     `keep`, after their first `keep` items only: the manifests' items after those are the value's default, so the
-    value replaces them (and an empty list removes them)."""
+    value replaces them (and an empty list removes them). An `append` knob on a map adds the value's entries (a
+    map, empty by default) to the manifests'. An `absent` knob sets a field the manifests lack (the last step of
+    `where`): its value's default is `absent` (an empty map or list), and the field is rendered only while the
+    value is not empty."""
 
     where: tuple[Where, ...]
     values: tuple[Value, ...]
@@ -67,12 +76,78 @@ class Knob:
     append: bool = False
     keep: int | None = None
     defaults: Callable[[Any], tuple[Any, ...]] = field(default=_one)
+    absent: dict[str, Any] | list[Any] | None = None
 
 
 CONTAINERS = "spec.template.spec.containers[*]"
 WEBHOOK = "spec.template.spec.containers[name=webhook]"
 PLUGIN = "spec.template.spec.containers[name=device-plugin]"
 DRA = "spec.template.spec.containers[name=dra-plugin]"
+POD = "spec.template"
+
+# The labels every object and pod template carries (Kubernetes' recommended labels, docs/helm.md): the manifests
+# write name, component and part-of; the chart adds the others (the named template gpushare.labels). Label values
+# are 63 characters at most, alphanumeric at both ends (kube-apiserver's IsValidLabelValue): Helm's expressions
+# replace the `+` of a SemVer build and cut at 63.
+MANIFEST_LABELS = ("app.kubernetes.io/name", "app.kubernetes.io/component", "app.kubernetes.io/part-of")
+_LABEL = 'replace "+" "_" | trunc 63 | trimSuffix "-" | quote'
+HELM_LABELS = {
+    "app.kubernetes.io/instance": f"{{{{ .Release.Name | {_LABEL} }}}}",
+    "app.kubernetes.io/version": f"{{{{ .Chart.AppVersion | {_LABEL} }}}}",
+    "app.kubernetes.io/managed-by": f"{{{{ .Release.Service | {_LABEL} }}}}",
+    "helm.sh/chart": f'{{{{ printf "%s-%s" .Chart.Name .Chart.Version | {_LABEL} }}}}',
+}
+# The ConfigMap the workloads read with envFrom, and the pod-template annotation that holds a hash of its data, so
+# that `helm upgrade` with another config.* value rolls their pods (the kubelet does not refresh envFrom).
+CONFIG_MAP = "gpushare-config"
+CONFIG_CHECKSUM = "checksum/config"
+
+LABEL_VALUE = {"type": "string", "maxLength": 63, "pattern": "^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"}
+# A pod label may not be one of the standard labels (the schema's `false` refuses the key, naming it): the
+# selectors use app.kubernetes.io/name, and a second entry for one of the others would be a duplicate key.
+POD_LABELS = {"additionalProperties": LABEL_VALUE,
+              "properties": {label: False for label in (*MANIFEST_LABELS, *HELM_LABELS)}}
+POD_ANNOTATIONS = {"additionalProperties": {"type": "string"}, "properties": {CONFIG_CHECKSUM: False}}
+# A PriorityClass name (DNS subdomain), or empty for none.
+PRIORITY_CLASS = {"maxLength": 253, "pattern": "^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*)?$"}
+LOCAL_OBJECT_REFERENCE = {"type": "object", "required": ["name"], "additionalProperties": False,
+                          "properties": {"name": {"type": "string", "minLength": 1}}}
+# An OCI content digest (image-spec descriptor.md: the registered algorithms), or empty for the tag.
+DIGEST = {"pattern": "^(sha256:[0-9a-f]{64}|sha512:[0-9a-f]{128})?$"}
+
+
+def pod_knobs(head: str, kind: str, name: str, what: str, *, affinity: bool, placement: bool) -> tuple[Knob, ...]:
+    """The values of a workload's pod template: its PriorityClass, annotations and labels added to its own (the
+    selector keeps its one label), its affinity (`affinity`: the manifests set one, the value's default) and, where
+    the manifests set none (`placement` false), its node selector and tolerations."""
+    def where(path: str) -> tuple[Where, ...]:
+        return (Where(kind, name, f"{POD}.{path}"),)
+
+    knobs = [
+        Knob(where=where("spec.priorityClassName"),
+             values=(Value(f"{head}.priorityClassName", f"The PriorityClass of {what}'s pods; empty for none.",
+                           schema=PRIORITY_CLASS),)),
+        Knob(where=where("metadata.annotations"),
+             values=(Value(f"{head}.podAnnotations", f"Annotations added to {what}'s pods.",
+                           schema=POD_ANNOTATIONS),), block=True, append=True),
+        Knob(where=where("metadata.labels"),
+             values=(Value(f"{head}.podLabels", f"Labels added to {what}'s pods (never to its selector, which an "
+                           "upgrade cannot change); not one of the standard app.kubernetes.io labels.",
+                           schema=POD_LABELS),), block=True, append=True),
+        Knob(where=where("spec.affinity"),
+             values=(Value(f"{head}.affinity", f"The affinity of {what}'s pods (an Affinity)."),), block=True,
+             absent=None if affinity else {}),
+    ]
+    if not placement:
+        knobs += [
+            Knob(where=where("spec.nodeSelector"),
+                 values=(Value(f"{head}.nodeSelector", f"The nodes that may run {what} (node labels)."),),
+                 block=True, absent={}),
+            Knob(where=where("spec.tolerations"),
+                 values=(Value(f"{head}.tolerations", f"Taints {what}'s pods tolerate (a list of Toleration)."),),
+                 block=True, absent=[]),
+        ]
+    return tuple(knobs)
 
 
 def node_plugin_knobs(head: str, daemonset: str, container: str, what: str, nodes: str) -> tuple[Knob, ...]:
@@ -137,9 +212,19 @@ KNOBS: tuple[Knob, ...] = (
     Knob(
         where=(Where("*", "*", f"{CONTAINERS}.image"),),
         values=(Value("image.repository", "The image all workloads run (see Dockerfile), without its tag."),
-                Value("image.tag", "Its tag.")),
-        expression='{{ printf "%s:%s" .Values.image.repository (toString .Values.image.tag) | quote }}',
-        defaults=split_image,
+                Value("image.tag", "Its tag."),
+                Value("image.digest", "Its digest (sha256:...): when set, the workloads run repository@digest "
+                      "and the tag is not used.", schema=DIGEST)),
+        expression='{{ if .Values.image.digest }}{{ printf "%s@%s" .Values.image.repository .Values.image.digest '
+                   '| quote }}{{ else }}{{ printf "%s:%s" .Values.image.repository (toString .Values.image.tag) '
+                   '| quote }}{{ end }}',
+        defaults=image_defaults,
+    ),
+    Knob(
+        where=(Where("*", "*", f"{POD}.spec.imagePullSecrets"),),
+        values=(Value("imagePullSecrets", "Secrets the kubelet pulls the image with, for every pod of the chart "
+                      "(a list of LocalObjectReference: name).", items=LOCAL_OBJECT_REFERENCE),),
+        block=True, absent=[],
     ),
     Knob(
         where=(Where("*", "*", f"{CONTAINERS}.imagePullPolicy"),),
@@ -177,12 +262,16 @@ KNOBS: tuple[Knob, ...] = (
         values=(Value("webhook.resources", "The webhook container's resource requests and limits."),),
         block=True,
     ),
+    *pod_knobs("webhook", "Deployment", "gpushare-webhook", "the webhook", affinity=True, placement=False),
     *node_plugin_knobs("devicePlugin", "gpushare-device-plugin", PLUGIN, "the device plugin",
                        "The nodes that run the device plugin (label your GPU nodes "
                        "gpushare.io/gpu-memory=device-plugin)."),
+    *pod_knobs("devicePlugin", "DaemonSet", "gpushare-device-plugin", "the device plugin", affinity=False,
+               placement=True),
     *node_plugin_knobs("dra", "gpushare-dra-plugin", DRA, "the DRA driver",
                        "The nodes that run the DRA driver. A node serves GPU memory through one path, the value of "
                        "its label gpushare.io/gpu-memory: device-plugin for the device plugin, dra for the driver."),
+    *pod_knobs("dra", "DaemonSet", "gpushare-dra-plugin", "the DRA driver", affinity=False, placement=True),
     Knob(
         where=(Where("Deployment", "gpushare-webhook", f"{WEBHOOK}.env[name=GPUSHARE_ADMISSION_SOURCES].value"),),
         values=(Value("webhook.admissionSources", "The API server's source addresses, as CIDRs: the kernel drops "

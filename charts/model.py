@@ -38,6 +38,14 @@ class Knobbed:
 
 
 @dataclass
+class Splice:
+    """Entries written into a map at this place: a map value's (Knobbed, of an `append` knob), or those a named
+    template of templates/_helpers.tpl writes (its name). Its key in the model's map only keeps it apart."""
+
+    source: Knobbed | str
+
+
+@dataclass
 class Part:
     obj: Obj
     origin: str  # the manifest file it comes from
@@ -227,12 +235,36 @@ def _matches(parts: list[Part], where: Where) -> list[tuple[Any, Any]]:
     return out
 
 
+def _absent(knob: Knob, index: int, parts: list[Part]) -> list[tuple[Any, Any]]:
+    """Add the field an `absent` knob sets, which the manifests lack, to every map that would hold it."""
+    fields = []
+    for where in knob.where:
+        *steps, last = _STEPS.findall(where.path)
+        if not steps or re.fullmatch(r"[\w-]+", last) is None:
+            raise ModelError(f"The chart value {knob.values[0].path} adds {where.path}, whose last step must be a "
+                             "plain field name.")
+        for parent, k in _matches(parts, Where(where.kind, where.name, ".".join(steps))):
+            node = parent[k].value if isinstance(parent[k], When) else parent[k]
+            if not isinstance(node, dict) or last in node:
+                raise ModelError(f"The chart value {knob.values[0].path} adds {where.path}, which the manifests "
+                                 "hold already; drop `absent` in charts/knobs.py, so that its default is theirs.")
+            node[last] = Knobbed(index)
+            fields.append((node, last))
+    return fields
+
+
 def apply_knobs(parts: list[Part]) -> dict[str, Any]:
     """Mark every field a knob sets; returns each value's default (what the manifests hold there)."""
     defaults: dict[str, Any] = {}
     for index, knob in enumerate(KNOBS):
-        fields = [f for where in knob.where for f in _matches(parts, where)]
         names = ", ".join(v.path for v in knob.values)
+        if knob.absent is not None:
+            if not _absent(knob, index, parts):
+                raise ModelError(f"The chart value {names} adds {knob.where}, which no object of the manifests "
+                                 "could hold; fix the path in charts/knobs.py.")
+            defaults[knob.values[0].path] = knob.absent
+            continue
+        fields = [f for where in knob.where for f in _matches(parts, where)]
         if not fields:
             raise ModelError(f"The chart value {names} sets {knob.where}, which no object of the manifests has; "
                              "fix the path in charts/knobs.py.")
@@ -253,9 +285,13 @@ def apply_knobs(parts: list[Part]) -> dict[str, Any]:
     return defaults
 
 
-def _append(knob: Knob, index: int, held: list[Any]) -> list[Any]:
-    """Mark where an append knob's items go in each list it sets; returns the value's default."""
+def _append(knob: Knob, index: int, held: list[Any]) -> list[Any] | dict[str, Any]:
+    """Mark where an append knob's items go in each list (or map) it sets; returns the value's default."""
     (value,) = knob.values
+    if knob.keep is None and held and all(isinstance(entries, dict) for entries in held):
+        for entries in held:
+            entries[f"<{value.path}>"] = Splice(Knobbed(index))
+        return {}
     if not all(isinstance(items, list) for items in held):
         raise ModelError(f"The chart value {value.path} adds items to {knob.where}, which is no list.")
     if knob.keep is None:

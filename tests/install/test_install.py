@@ -36,7 +36,7 @@ CLUSTER_KINDS = ("mutatingwebhookconfigurations", "validatingwebhookconfiguratio
 # The in-process path's kinds (manifests/in-process), served from Kubernetes 1.36 only.
 MUTATING_POLICY_KINDS = ("mutatingadmissionpolicies", "mutatingadmissionpolicybindings")
 PART_OF = "app.kubernetes.io/part-of=gpushare"
-# The pods of the webhook and the plugin (their templates carry only app.kubernetes.io/name).
+# The pods of the webhook and the plugin, by the label their selectors use.
 PODS = "app.kubernetes.io/name in (gpushare-webhook,gpushare-device-plugin)"
 FIGURES: dict[str, float] = {}
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import difflib
 import re
 import shutil
@@ -13,7 +14,9 @@ import pytest
 import yaml
 
 from charts import generate, kustomize
-from charts.knobs import AUTO, CAPABILITIES, KNOBS, MODE_VALUE, SWITCHES, component_value
+from charts.knobs import AUTO, CAPABILITIES, CONFIG_CHECKSUM, HELM_LABELS, KNOBS, MODE_VALUE, SWITCHES, component_value
+from charts.release import pod_template
+from charts.values import DEFAULT_MODE
 from tests.harness.manifests import helm
 from tests.harness.manifests.helm import CHART, Obj
 from tests.harness.manifests.render import kubectl
@@ -22,6 +25,14 @@ from tests.harness.manifests.render import kubectl
 pytestmark = pytest.mark.timeout(helm.BUILD_TIMEOUT)
 
 IMAGE = {"repository": "registry.example/team/gpushare", "tag": "1.2.3", "pullPolicy": "Always"}
+DIGEST = "sha256:" + "0123456789abcdef" * 4
+PULL_SECRETS = [{"name": "registry-credentials"}]
+PRIORITY = "gpushare-critical"
+POD_LABELS = {"example.com/team": "gpu"}
+POD_ANNOTATIONS = {"example.com/owner": "gpu-team"}
+ARCH_AFFINITY = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+    {"matchExpressions": [{"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64"]}]}]}}}
+WEBHOOK_NODES = {"node-role.example.com/infra": "true"}
 WEBHOOK_RESOURCES = {"requests": {"cpu": "200m", "memory": "256Mi"}, "limits": {"cpu": "2", "memory": "512Mi"}}
 PLUGIN_RESOURCES = {"requests": {"cpu": "20m", "memory": "64Mi"}, "limits": {"memory": "128Mi"}}
 NODE_SELECTOR = {"nvidia.com/gpu.present": "true"}
@@ -47,18 +58,23 @@ IN_PROCESS_API = CAPABILITIES["in-process"]
 # Every value of the chart set away from its default ...
 CUSTOM_VALUES: Obj = {
     "trustedNamespaces": TRUSTED,
-    "image": IMAGE,
+    "image": {**IMAGE, "digest": DIGEST},
+    "imagePullSecrets": PULL_SECRETS,
     "config": {"delivery": "cdi", "placement": "node", "unit": "MiB", "logLevel": "DEBUG"},
-    "webhook": {"replicas": 3, "resources": WEBHOOK_RESOURCES},
+    "webhook": {"replicas": 3, "resources": WEBHOOK_RESOURCES, "priorityClassName": PRIORITY,
+                "podAnnotations": POD_ANNOTATIONS, "podLabels": POD_LABELS, "affinity": ARCH_AFFINITY,
+                "nodeSelector": WEBHOOK_NODES, "tolerations": TOLERATIONS},
     "devicePlugin": {"nodeSelector": NODE_SELECTOR, "tolerations": TOLERATIONS,
                      "resources": PLUGIN_RESOURCES, "extraEnv": EXTRA_ENV, "extraVolumeMounts": EXTRA_MOUNTS,
-                     "extraVolumes": EXTRA_VOLUMES},
+                     "extraVolumes": EXTRA_VOLUMES, "priorityClassName": PRIORITY, "podAnnotations": POD_ANNOTATIONS,
+                     "podLabels": POD_LABELS, "affinity": ARCH_AFFINITY},
     "networkPolicy": {"enabled": True, "apiServer": PEERS, "metrics": SCRAPERS},
     # and every optional component switched on
     **{component_value(folder): {"enabled": True} for folder in kustomize.components()},
     "dra": {"enabled": True, "nodeSelector": DRA_NODE_SELECTOR, "tolerations": TOLERATIONS,
             "resources": PLUGIN_RESOURCES, "extraEnv": EXTRA_ENV, "extraVolumeMounts": EXTRA_MOUNTS,
-            "extraVolumes": EXTRA_VOLUMES},
+            "extraVolumes": EXTRA_VOLUMES, "priorityClassName": PRIORITY, "podAnnotations": POD_ANNOTATIONS,
+            "podLabels": POD_LABELS, "affinity": ARCH_AFFINITY},
 }
 
 
@@ -72,13 +88,21 @@ def _add(kind: str, name: str, path: str, value: Any) -> Obj:
             "patch": yaml.safe_dump([{"op": "add", "path": path, "value": value}])}
 
 
-def _daemonset_patch(name: str, spec: Obj) -> Obj:
-    """A strategic-merge patch of a DaemonSet's pod spec: maps merge into what is there, as Helm merges a map
+def _template_patch(kind: str, name: str, spec: Obj, metadata: Obj | None = None) -> Obj:
+    """A strategic-merge patch of a workload's pod template: maps merge into what is there, as Helm merges a map
     value into its default."""
+    template = {"spec": spec, **({"metadata": metadata} if metadata else {})}
     return {"patch": yaml.safe_dump({
-        "apiVersion": "apps/v1", "kind": "DaemonSet",
+        "apiVersion": "batch/v1" if kind == "Job" else "apps/v1", "kind": kind,
         "metadata": {"name": name, "namespace": "gpushare-system"},
-        "spec": {"template": {"spec": spec}}})}
+        "spec": {"template": template}})}
+
+
+def _pod_patches(kind: str, name: str) -> list[Obj]:
+    """Every workload's pod-template values: priority class replaced, labels and annotations added, the affinity
+    merged into the webhook's own (a map value merges into its default)."""
+    return [_template_patch(kind, name, {"priorityClassName": PRIORITY, "affinity": ARCH_AFFINITY},
+                            {"labels": POD_LABELS, "annotations": POD_ANNOTATIONS})]
 
 
 def _node_plugin_patches(name: str, container: str, node_selector: Obj) -> list[Obj]:
@@ -86,8 +110,9 @@ def _node_plugin_patches(name: str, container: str, node_selector: Obj) -> list[
     the extra lists added after the manifests' own items."""
     first = "/spec/template/spec/containers/0"
     return [
-        _daemonset_patch(name, {"nodeSelector": node_selector,
-                                "containers": [{"name": container, "resources": PLUGIN_RESOURCES}]}),
+        _template_patch("DaemonSet", name, {"nodeSelector": node_selector,
+                                            "containers": [{"name": container, "resources": PLUGIN_RESOURCES}]}),
+        *_pod_patches("DaemonSet", name),
         _replace("DaemonSet", name, "/spec/template/spec/tolerations", TOLERATIONS),
         *(_add("DaemonSet", name, path, item) for path, items in (
             (f"{first}/env/-", EXTRA_ENV), (f"{first}/volumeMounts/-", EXTRA_MOUNTS),
@@ -123,10 +148,14 @@ def custom_kustomization(overlay: str, *, in_process: bool = False, delivery: st
         workloads.append(("Job", "gpushare-signing-key"))
     first = "/spec/template/spec/containers/0"
     return {
-        "images": [{"name": "gpushare", "newName": IMAGE["repository"], "newTag": IMAGE["tag"]}],
+        "images": [{"name": "gpushare", "newName": IMAGE["repository"], "digest": DIGEST}],
         "replicas": [{"name": "gpushare-webhook", "count": 3}],
         "patches": [
             *(_replace(kind, name, f"{first}/imagePullPolicy", "Always") for kind, name in workloads),
+            *(_add(kind, name, "/spec/template/spec/imagePullSecrets", PULL_SECRETS) for kind, name in workloads),
+            *_pod_patches("Deployment", "gpushare-webhook"),
+            _template_patch("Deployment", "gpushare-webhook", {"nodeSelector": WEBHOOK_NODES,
+                                                               "tolerations": TOLERATIONS}),
             {"patch": yaml.safe_dump({
                 "apiVersion": "v1", "kind": "ConfigMap",
                 "metadata": {"name": "gpushare-config", "namespace": "gpushare-system"},
@@ -155,8 +184,24 @@ def by_key(objs: list[Obj]) -> dict[tuple[str, str, str], Obj]:
     return out
 
 
+def _without_release_fields(obj: Obj) -> Obj:
+    """The object without what only the chart adds: the release's labels (on the object and its pod template)
+    and the config checksum (charts/release.py)."""
+    obj = copy.deepcopy(obj)
+    template = pod_template(obj)
+    for metadata in (obj["metadata"], *([template["metadata"]] if template else [])):
+        for label in HELM_LABELS:
+            metadata["labels"].pop(label)
+        annotations = metadata.get("annotations", {})
+        annotations.pop(CONFIG_CHECKSUM, None)
+        if "annotations" in metadata and not annotations:
+            del metadata["annotations"]
+    return obj
+
+
 def assert_same_objects(chart: list[Obj], manifests: list[Obj]) -> None:
-    rendered, expected = by_key(chart), by_key(manifests)
+    """The chart renders the overlay's objects, but for the release's labels and the config checksum."""
+    rendered, expected = by_key([_without_release_fields(o) for o in chart]), by_key(manifests)
     assert sorted(rendered) == sorted(expected), "the chart and the overlay render different sets of objects"
     for k, obj in expected.items():
         if rendered[k] != obj:
@@ -172,7 +217,7 @@ def test_committed_chart_is_what_the_generator_writes() -> None:
 
 @pytest.mark.parametrize("overlay", ["cert-manager", "self-signed"])
 def test_default_values_render_the_overlay(overlay: str) -> None:
-    sets = [] if overlay == generate.DEFAULT_MODE else [f"certificates={overlay}"]
+    sets = [] if overlay == DEFAULT_MODE else [f"certificates={overlay}"]
     assert_same_objects(helm.template(sets=sets), manifests(overlay))
 
 
@@ -180,7 +225,7 @@ def test_default_values_render_the_overlay(overlay: str) -> None:
 def test_default_values_render_the_overlay_with_the_in_process_component_where_the_cluster_serves_it(
     overlay: str,
 ) -> None:
-    sets = [] if overlay == generate.DEFAULT_MODE else [f"certificates={overlay}"]
+    sets = [] if overlay == DEFAULT_MODE else [f"certificates={overlay}"]
     assert_same_objects(helm.template(sets=sets, api_versions=[IN_PROCESS_API]), manifests(overlay, ["in-process"]))
 
 
@@ -253,21 +298,33 @@ def test_helm_lint_is_clean(sets: list[str]) -> None:
     assert "[WARNING]" not in output and "[ERROR]" not in output, output
 
 
-@pytest.mark.parametrize(("setting", "named"), [
-    ("certificates=letsencrypt", "certificates"),
-    ("config.delivery=both", "delivery"),
-    ("config.placement=anywhere", "placement"),
-    ("webhok.replicas=3", "webhok"),
-    ("webhook.replicas=two", "replicas"),
-    ("image.pullPolicy=Sometimes", "pullPolicy"),
-    ("trustedNamespaces=kube-system", "trustedNamespaces"),
-    ("trustedNamespaces={kube-system,GPU_Operator}", "trustedNamespaces/1"),
+SET, JSON = "--set", "--set-json"
+
+
+@pytest.mark.parametrize(("option", "setting", "named"), [
+    (SET, "certificates=letsencrypt", "certificates"),
+    (SET, "config.delivery=both", "delivery"),
+    (SET, "config.placement=anywhere", "placement"),
+    (SET, "webhok.replicas=3", "webhok"),
+    (SET, "webhook.replicas=two", "replicas"),
+    (SET, "image.pullPolicy=Sometimes", "pullPolicy"),
+    (SET, "trustedNamespaces=kube-system", "trustedNamespaces"),
+    (SET, "trustedNamespaces={kube-system,GPU_Operator}", "trustedNamespaces/1"),
     # helm's --set reads {} as a list of one empty string; an empty list is --set-json 'trustedNamespaces=[]'.
-    ("trustedNamespaces={}", "trustedNamespaces/0"),
-    ("inProcess.enabled=sometimes", "inProcess"),
+    (SET, "trustedNamespaces={}", "trustedNamespaces/0"),
+    (SET, "inProcess.enabled=sometimes", "inProcess"),
+    (SET, "image.digest=latest", "digest"),
+    (SET, "image.digest=sha256:abc", "digest"),
+    (JSON, 'imagePullSecrets=[{"secret": "x"}]', "imagePullSecrets/0"),
+    (JSON, 'webhook.priorityClassName="High_Priority"', "priorityClassName"),
+    # A pod label may not replace a standard label (the selector's, or one the chart writes).
+    (JSON, 'webhook.podLabels={"app.kubernetes.io/name": "other"}', "podLabels"),
+    (JSON, 'devicePlugin.podLabels={"team": "a value with spaces"}', "podLabels"),
+    (JSON, 'dra.podAnnotations={"checksum/config": "0"}', "podAnnotations"),
+    (JSON, 'webhook.nodeSelector=["infra"]', "nodeSelector"),
 ])
-def test_a_bad_value_is_refused_naming_it(setting: str, named: str) -> None:
-    done = helm.run(["template", helm.RELEASE, str(CHART), *helm.kube_version_args(), "--set", setting])
+def test_a_bad_value_is_refused_naming_it(option: str, setting: str, named: str) -> None:
+    done = helm.run(["template", helm.RELEASE, str(CHART), *helm.kube_version_args(), option, setting])
     assert done.returncode != 0
     assert named in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
@@ -278,7 +335,7 @@ def test_chart_metadata_agrees_with_the_manifests() -> None:
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     assert chart["appVersion"] == values["image"]["tag"]
     assert chart["kubeVersion"] == ">=1.35.0-0"  # the project supports Kubernetes 1.35 to 1.37
-    assert values["certificates"] == generate.DEFAULT_MODE
+    assert values["certificates"] == DEFAULT_MODE
 
 
 def test_the_chart_renders_under_the_helm_the_tests_run_with() -> None:

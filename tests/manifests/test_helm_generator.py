@@ -8,10 +8,11 @@ from typing import Any
 import pytest
 import yaml
 
-from charts import generate, model
+from charts import generate, model, release
 from charts.helpers import helpers
-from charts.knobs import KNOBS, TRUSTED_NAMESPACES, split_image
+from charts.knobs import KNOBS, MANIFEST_LABELS, TRUSTED_NAMESPACES, split_image
 from charts.model import Knobbed, ModelError, When, merge
+from charts.values import TABLE_BEGIN, TABLE_END, docs
 
 CM, SS = 'eq .Values.certificates "cert-manager"', 'eq .Values.certificates "self-signed"'
 
@@ -153,3 +154,91 @@ def test_helpers_say_true_or_false_for_each_component_the_cluster_decides() -> N
     text = helpers()
     assert '{{- define "gpushare.inProcess.enabled" -}}' in text
     assert '.Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy"' in text
+
+
+def _knob(path: str) -> int:
+    return next(i for i, k in enumerate(KNOBS) if any(v.path == path for v in k.values))
+
+
+def _part(obj: dict[str, Any]) -> model.Part:
+    return model.Part(obj, "manifests/base/x.yaml", None)
+
+
+def _workload(**spec: Any) -> dict[str, Any]:
+    labels = {label: "x" for label in MANIFEST_LABELS}
+    return {"kind": "Deployment", "metadata": {"name": "gpushare-webhook", "labels": dict(labels)},
+            "spec": {"template": {"metadata": {"labels": dict(labels)}, "spec": {"containers": [], **spec}}}}
+
+
+@pytest.mark.parametrize(("value", "path", "text"), [
+    ("webhook.nodeSelector", "nodeSelector",
+     ["      {{- with .Values.webhook.nodeSelector }}", "      nodeSelector:",
+      "        {{- toYaml . | nindent 8 }}", "      {{- end }}"]),
+    ("imagePullSecrets", "imagePullSecrets",
+     ["      {{- with .Values.imagePullSecrets }}", "      imagePullSecrets:",
+      "        {{- toYaml . | nindent 8 }}", "      {{- end }}"]),
+])
+def test_a_field_the_manifests_lack_renders_only_while_its_value_is_set(value: str, path: str, text: list[str]) -> None:
+    index = _knob(value)
+    parts = [_part(_workload())]
+    assert model._absent(KNOBS[index], index, parts) != []
+    assert parts[0].obj["spec"]["template"]["spec"][path] == Knobbed(index)
+    lines = generate._Writer({}).text(parts[0].obj).splitlines()
+    start = lines.index(text[0])
+    assert lines[start:start + 4] == text
+
+
+def test_a_field_the_manifests_hold_is_not_added() -> None:
+    index = _knob("webhook.nodeSelector")
+    with pytest.raises(ModelError, match="hold already; drop `absent`"):
+        model._absent(KNOBS[index], index, [_part(_workload(nodeSelector={"a": "b"}))])
+
+
+def test_a_map_value_adds_its_entries_beside_the_manifests() -> None:
+    index = _knob("webhook.podLabels")
+    labels = {"app.kubernetes.io/name": "gpushare-webhook"}
+    assert model._append(KNOBS[index], index, [labels]) == {}  # the value's default
+    lines = generate._Writer({}).text({"labels": labels}).splitlines()
+    assert lines == ["labels:", "  {{- with .Values.webhook.podLabels }}", "  {{- toYaml . | nindent 2 }}",
+                     "  {{- end }}", "  app.kubernetes.io/name: gpushare-webhook"]
+
+
+def test_release_fields_go_to_every_object_and_the_config_readers_pod_templates() -> None:
+    reader = _workload()
+    reader["spec"]["template"]["spec"]["containers"] = [{"name": "c", "envFrom": [
+        {"configMapRef": {"name": "gpushare-config"}}]}]
+    other = {"kind": "ServiceAccount", "metadata": {"name": "sa", "labels": {k: "x" for k in MANIFEST_LABELS}}}
+    parts = [_part(reader), _part(other)]
+    release.add_release_fields(parts)
+    text = generate._Writer({}).text(reader)
+    assert text.count('{{- include "gpushare.labels" $ | nindent') == 2
+    assert '      annotations:\n        {{- include "gpushare.configChecksum" $ | nindent 8 }}' in text
+    assert "annotations" not in generate._Writer({}).text(other)
+
+
+def test_an_object_without_the_manifest_labels_is_refused() -> None:
+    with pytest.raises(ModelError, match="lacks the labels"):
+        release.add_release_fields([_part({"kind": "ConfigMap", "metadata": {"name": "c", "labels": {
+            "app.kubernetes.io/part-of": "gpushare"}}})])
+
+
+def test_the_namespace_the_chart_creates_is_refused_as_the_release_namespace() -> None:
+    guard = release.namespace_guard("gpushare-system")
+    assert guard.startswith('{{- if eq .Release.Namespace "gpushare-system" }}\n{{- fail "The chart creates')
+    text = generate.templates([_part({"kind": "Namespace", "metadata": {"name": "gpushare-system"}})], {})
+    assert text["templates/x.yaml"].split("\n", 1)[1].startswith(guard)
+
+
+@pytest.mark.parametrize("text", ["# Helm\n\nno table here\n", f"# Helm\n{TABLE_END}\n{TABLE_BEGIN}\n"])
+def test_the_docs_need_the_markers_of_the_values_table(text: str) -> None:
+    with pytest.raises(ModelError, match="lacks the lines"):
+        docs(text, {})
+
+
+def test_the_values_table_replaces_what_lies_between_its_markers_only() -> None:
+    defaults: dict[str, Any] = {v.path: [] for knob in KNOBS for v in knob.values}
+    text = docs(f"# Helm\n\nbefore\n\n{TABLE_BEGIN}\n| old | table |\n{TABLE_END}\n\nafter\n", defaults)
+    assert text.startswith(f"# Helm\n\nbefore\n\n{TABLE_BEGIN}\n| value | default | meaning |\n")
+    assert text.endswith(f"\n{TABLE_END}\n\nafter\n")
+    assert "| old | table |" not in text
+    assert "| `webhook.podLabels` | `[]` | Labels added to the webhook's pods" in text

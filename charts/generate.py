@@ -29,7 +29,7 @@ from charts.knobs import (
     Knob,
 )
 from charts.model import Knobbed, ModelError, Part, Splice, When, apply_knobs, objects
-from charts.release import add_release_fields, namespace_guard
+from charts.release import add_release_fields, namespace_unless_release
 from charts.release import helpers as release_helpers
 from charts.values import DOCS, docs, dump, schema, values_yaml
 
@@ -200,7 +200,7 @@ def templates(parts: list[Part], defaults: dict[str, Any]) -> dict[str, str]:
             raise ModelError(f"{part.origin} and {sources[name]} would both become {name}; rename one of them.")
         doc = "---\n" + writer.text(part.obj)
         if part.obj["kind"] == "Namespace":
-            doc = namespace_guard(part.obj["metadata"]["name"]) + doc
+            doc = namespace_unless_release(part.obj["metadata"]["name"], doc)
         if part.condition is not None:
             doc = f"{{{{- if {part.condition} }}}}\n{doc}{{{{- end }}}}\n"
         files.setdefault(name, []).append(doc)

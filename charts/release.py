@@ -92,17 +92,10 @@ def helpers(config_template: str) -> str:
                           annotation=CONFIG_CHECKSUM, config=CONFIG_MAP, checksum=CHECKSUM, template=config_template)
 
 
-GUARD = """\
-{{{{- if eq .Release.Namespace "{namespace}" }}}}
-{{{{- fail "The chart creates the namespace {namespace} itself (with the Pod Security labels its device plugin \
-needs) and puts every object there, so the release cannot live in it: install into an existing namespace such as \
-kube-system instead, `--namespace kube-system` without `--create-namespace` (docs/helm.md, Install)." }}}}
-{{{{- end }}}}
-"""
-
-
-def namespace_guard(namespace: str) -> str:
-    """Refuses, before anything is created, a release in the namespace the chart creates: Helm would create it
-    first (--create-namespace), without the chart's labels, and then refuse the chart's Namespace as one it does
-    not own."""
-    return GUARD.format(namespace=namespace)
+def namespace_unless_release(namespace: str, doc: str) -> str:
+    """The chart's Namespace `doc`, rendered unless the release itself lives in `namespace`: then Helm made it
+    (`helm install -n {namespace} --create-namespace`, as users type it) before rendering, and would refuse the
+    chart's Namespace as an object it does not own (Helm's ownership check, pkg/action/validate.go). Helm creates it
+    without the Pod Security labels; NOTES.txt says how to add them where the cluster's default level is not
+    privileged."""
+    return f'{{{{- if ne .Release.Namespace "{namespace}" }}}}\n{doc}{{{{- end }}}}\n'

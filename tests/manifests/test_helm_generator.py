@@ -222,11 +222,11 @@ def test_an_object_without_the_manifest_labels_is_refused() -> None:
             "app.kubernetes.io/part-of": "gpushare"}}})])
 
 
-def test_the_namespace_the_chart_creates_is_refused_as_the_release_namespace() -> None:
-    guard = release.namespace_guard("gpushare-system")
-    assert guard.startswith('{{- if eq .Release.Namespace "gpushare-system" }}\n{{- fail "The chart creates')
+def test_the_namespace_object_is_rendered_unless_the_release_lives_in_it() -> None:
     text = generate.templates([_part({"kind": "Namespace", "metadata": {"name": "gpushare-system"}})], {})
-    assert text["templates/x.yaml"].split("\n", 1)[1].startswith(guard)
+    body = text["templates/x.yaml"].split("\n", 1)[1]
+    assert body.startswith('{{- if ne .Release.Namespace "gpushare-system" }}\n---\n'), body
+    assert body.endswith("{{- end }}\n"), body
 
 
 @pytest.mark.parametrize("text", ["# Helm\n\nno table here\n", f"# Helm\n{TABLE_END}\n{TABLE_BEGIN}\n"])

@@ -206,19 +206,15 @@ def test_the_config_checksum_changes_with_the_config_and_only_with_it(sets: list
     assert (_checksums(sets) != _checksums([])) is changes
 
 
-@pytest.mark.parametrize(("namespace", "refused"), [
-    ("gpushare-system", True), ("kube-system", False), ("default", False), ("gpushare", False),
+@pytest.mark.parametrize(("namespace", "namespace_object"), [
+    ("gpushare-system", False), ("kube-system", True), ("default", True), ("gpushare", True),
 ])
-def test_a_release_in_the_namespace_the_chart_creates_is_refused_before_anything_renders(
-    namespace: str, refused: bool,
+def test_the_chart_leaves_the_namespace_to_helm_only_when_the_release_lives_in_it(
+    namespace: str, namespace_object: bool,
 ) -> None:
     done = helm.run(["template", helm.RELEASE, str(CHART), *helm.kube_version_args(), "--namespace", namespace])
-    if not refused:
-        assert done.returncode == 0, done.stderr
-        assert {o["metadata"].get("namespace") for o in yaml.safe_load_all(done.stdout) if o} <= {
-            "gpushare-system", None}
-        return
-    assert done.returncode != 0
-    assert done.stdout == ""
-    assert "The chart creates the namespace gpushare-system itself" in done.stderr, done.stderr
-    assert "`--namespace kube-system` without `--create-namespace`" in done.stderr, done.stderr
+    assert done.returncode == 0, done.stderr
+    objects = [o for o in yaml.safe_load_all(done.stdout) if o]
+    assert {o["metadata"].get("namespace") for o in objects} <= {"gpushare-system", None}
+    assert any(o["kind"] == "Namespace" for o in objects) is namespace_object
+    assert any(o["kind"] == "DaemonSet" and o["metadata"]["namespace"] == "gpushare-system" for o in objects)

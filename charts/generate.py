@@ -4,7 +4,8 @@ values table of docs/helm.md from charts/knobs.py.
     python -m charts.generate           # rewrite the generated files (./dev chart)
     python -m charts.generate --check   # exit 1 naming every file that differs from what the manifests give
 
-templates/NOTES.txt and .helmignore are written by hand; every other file is generated, Chart.yaml included.
+templates/NOTES.txt, templates/tests/ (what `helm test` runs) and .helmignore are written by hand; every other file
+is generated, Chart.yaml included.
 """
 
 from __future__ import annotations

@@ -94,11 +94,11 @@ def kube_version_args() -> list[str]:
 
 
 def template(values: Path | None = None, sets: Sequence[str] = (), set_json: Sequence[str] = (),
-             api_versions: Sequence[str] = ()) -> list[Obj]:
+             api_versions: Sequence[str] = (), tests: bool = False) -> list[Obj]:
     """The chart's objects, as `helm template` renders them (values file, then --set and --set-json overrides).
     `api_versions` are what the cluster serves besides helm's defaults (group/version/Kind), as discovery tells
-    `helm install`."""
-    args = ["template", RELEASE, str(CHART), *kube_version_args()]
+    `helm install`. `tests`: with the objects `helm test` creates (templates/tests/), which an install does not."""
+    args = ["template", RELEASE, str(CHART), *kube_version_args(), *([] if tests else ["--skip-tests"])]
     for item in api_versions:
         args += ["--api-versions", item]
     if values is not None:

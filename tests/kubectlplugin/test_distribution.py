@@ -5,14 +5,11 @@ server, and its krew archive and manifest name the release."""
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 import tarfile
 import tomllib
-import venv
 import zipfile
-from collections.abc import Iterator
 from email.parser import Parser
 from pathlib import Path
 
@@ -21,8 +18,9 @@ import yaml
 
 from kubectlplugin import krew, render
 from tests.harness.apiserver.server import ApiServer
+from tests.harness.kubectl_alone import install_alone, wheel_from_copy
 from tests.kubectlplugin.test_render import golden_report
-from tests.test_architecture import PLUGIN_PROJECT, ROOT
+from tests.test_architecture import PLUGIN_PROJECT
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -30,21 +28,11 @@ SERVER_DISTRIBUTIONS = ("flask", "gunicorn", "grpcio", "protobuf", "nvidia-ml-py
                         "cryptography", "jsonpatch", "orjson")
 SERVER_MODULES = ("flask", "werkzeug", "gunicorn", "grpc", "google.protobuf", "pynvml", "prometheus_client",
                   "cryptography", "jsonpatch", "orjson", "webhook", "deviceplugin", "certs")
-COPIED = ("common", "contract", "kubectlplugin", "packaging", "pyproject.toml", "LICENSE")
 
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The wheel, built from a copy of what a clean clone holds of it (no build folder of an earlier run)."""
-    clone = tmp_path_factory.mktemp("clone")
-    ignore = shutil.ignore_patterns("__pycache__", "build", "*.egg-info")
-    for name in COPIED:
-        source = ROOT / name
-        if source.is_dir():
-            shutil.copytree(source, clone / name, symlinks=True, ignore=ignore)
-        else:
-            shutil.copy(source, clone / name)
-    return krew.build_wheel(tmp_path_factory.mktemp("wheel"), clone)
+    return wheel_from_copy(tmp_path_factory.mktemp("clone"), tmp_path_factory.mktemp("wheel"))
 
 
 def metadata(wheel: Path) -> tuple[list[str], dict[str, list[str]]]:
@@ -70,20 +58,10 @@ def test_the_wheel_holds_the_plugin_and_requires_only_the_kubernetes_client(whee
 
 
 @pytest.fixture(scope="module")
-def alone(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """A fresh virtual environment with the wheel installed and nothing else; the test environment's packages are
-    reachable after its own (a .pth line, whose own .pth files Python does not run), for the kubernetes client."""
+def alone(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     home = tmp_path_factory.mktemp("alone")
-    venv.create(home, with_pip=False)
-    python = home / "bin" / "python"
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--quiet", "--no-deps",
-                    "--no-index", "--disable-pip-version-check", str(wheel)], check=True, timeout=120)
-    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-                          capture_output=True, text=True, check=True).stdout.strip()
-    ours = subprocess.run([sys.executable, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-                          capture_output=True, text=True, check=True).stdout.strip()
-    (Path(site) / "zz-test-environment.pth").write_text(ours + "\n")
-    yield home
+    install_alone(wheel, home)
+    return home
 
 
 PROBE = """\

@@ -21,11 +21,14 @@ class Variable:
     required: bool = False
 
 
-def package_version() -> str:
-    try:
-        return metadata.version(DISTRIBUTION)
-    except metadata.PackageNotFoundError:
-        return "unknown (not installed; run `pip install -e .`)"
+def package_version(distributions: Sequence[str] = (DISTRIBUTION,)) -> str:
+    """The version of the first of `distributions` that is installed."""
+    for name in distributions:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return "unknown (not installed; run `pip install -e .`)"
 
 
 def settings_help(variables: Sequence[Variable], intro: str = "Settings (environment variables):") -> str:
@@ -42,7 +45,8 @@ def settings_help(variables: Sequence[Variable], intro: str = "Settings (environ
 
 
 def parser(
-    prog: str, description: str, variables: Sequence[Variable] = (), epilog: str = ""
+    prog: str, description: str, variables: Sequence[Variable] = (), epilog: str = "",
+    distributions: Sequence[str] = (DISTRIBUTION,),
 ) -> argparse.ArgumentParser:
     """An ArgumentParser with --version and, in its --help, the command's settings and their defaults."""
     parts = [settings_help(variables)] if variables else []
@@ -52,5 +56,5 @@ def parser(
         prog=prog, description=description, epilog="\n\n".join(parts) or None,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    out.add_argument("--version", action="version", version=f"{prog} {package_version()}")
+    out.add_argument("--version", action="version", version=f"{prog} {package_version(distributions)}")
     return out

@@ -7,7 +7,7 @@ import math
 import os
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from common import cli
 from common.cli import Variable
@@ -15,9 +15,14 @@ from common.escape import printable
 from common.settings import SettingsError
 from contract import DEFAULT_PREFIX, DEFAULT_RESOURCE, Contract, ProtocolError, contract_from
 from kubectlplugin import cluster, dra, model, render
+from kubectlplugin.impersonation import Identity
 
 PROG = "kubectl-gpushare"
-USAGE = "kubectl gpushare [NODE ...] [-d] [-o {table,json}] [--kubeconfig PATH] [--context NAME] [-n NAMESPACE | -A]"
+# The distribution that ships the plugin alone (packaging/kubectl-gpushare), else the project's own.
+DISTRIBUTIONS = ("kubectl-gpushare", cli.DISTRIBUTION)
+USAGE = ("kubectl gpushare [NODE ...] [-d] [-o {table,wide,json,yaml}] [-l SELECTOR] [-n NAMESPACE | -A]\n"
+         "                        [--kubeconfig PATH] [--context NAME] [--as USER [--as-group GROUP ...]]")
+OUTPUTS = ("table", "wide", "json", "yaml")
 VARIABLES = (
     Variable("GPUSHARE_RESOURCE_NAME", DEFAULT_RESOURCE, "the shared resource, as the webhook and the plugins have it"),
     Variable("GPUSHARE_UNIT", "GiB", "what one unit is: GiB or MiB"),
@@ -47,6 +52,7 @@ class Options:
     nodes: tuple[str, ...]
     details: bool
     output: str
+    selector: str = ""
 
 
 def _timeout(text: str) -> float:
@@ -57,15 +63,24 @@ def _timeout(text: str) -> float:
 
 
 def parser() -> argparse.ArgumentParser:
-    out = cli.parser(PROG, __doc__ or "", VARIABLES, EPILOG)
+    out = cli.parser(PROG, __doc__ or "", VARIABLES, EPILOG, distributions=DISTRIBUTIONS)
     out.usage = USAGE
     out.add_argument("nodes", nargs="*", metavar="NODE", help="show only these nodes (default: every GPU node)")
     out.add_argument("-d", "--details", action="store_true",
                      help="also list every GPU-share container: namespace, pod, units, state and reason")
-    out.add_argument("-o", "--output", choices=("table", "json"), default="table", help="output format")
+    out.add_argument("-o", "--output", choices=OUTPUTS, default="table",
+                     help="table (the default); wide: the table with the pods of each GPU; json or yaml: one "
+                          "document of kind GpushareStatus with every figure and pod")
+    out.add_argument("-l", "--selector", default="", help="count only the pods this label selector matches, such "
+                     "as app=train or 'tier in (a,b)' (the API server applies it)")
     out.add_argument("--kubeconfig", default="", help="path to the kubeconfig file (default: KUBECONFIG, then "
                      "~/.kube/config)")
     out.add_argument("--context", default="", help="the kubeconfig context to use (default: its current-context)")
+    out.add_argument("--as", dest="as_user", default="", metavar="USER",
+                     help="act as this user or ServiceAccount (system:serviceaccount:NAMESPACE:NAME), as kubectl "
+                          "--as does; needs the right to impersonate it")
+    out.add_argument("--as-group", dest="as_groups", action="append", default=[], metavar="GROUP",
+                     help="act as a member of this group too; repeat it for more groups (needs --as)")
     scope = out.add_mutually_exclusive_group()
     scope.add_argument("-n", "--namespace", default=None,
                        help="count only the pods of this namespace (default: every namespace, since a GPU is "
@@ -90,31 +105,40 @@ def options_from(argv: Sequence[str], env: Mapping[str, str]) -> Options:
                             prefix=args.annotation_prefix or shared.prefix)
     except (SettingsError, ProtocolError) as exc:
         parser().error(str(exc))
+    if args.as_groups and not args.as_user:
+        parser().error("--as-group needs --as: name the user to act as, such as --as jane --as-group admins")
     access = cluster.Access(kubeconfig=args.kubeconfig, env_kubeconfig=env.get("KUBECONFIG", ""),
-                            home=env.get("HOME", ""), context=args.context, timeout=args.request_timeout)
-    return Options(access, contract, args.namespace, tuple(args.nodes), args.details, args.output)
+                            home=env.get("HOME", ""), context=args.context, timeout=args.request_timeout,
+                            identity=Identity(args.as_user, tuple(args.as_groups)))
+    return Options(access, contract, args.namespace, tuple(args.nodes), args.details, args.output,
+                   args.selector.strip())
 
 
 def show(options: Options, snapshot: cluster.Snapshot) -> str:
     shares = dra.claim_rows(snapshot.claims, snapshot.pods, options.contract.unit)
-    report = model.build(snapshot.nodes, snapshot.pods, snapshot.events, options.contract,
-                         namespace=options.namespace, only_nodes=options.nodes, shares=shares)
-    if options.output == "json":
-        return render.as_json(report)
-    text = render.summary(report)
+    if options.selector:  # a claim's share counts when a pod the selector matched holds it
+        listed = {(str(m.get("namespace", "")), str(m.get("name", ""))) for m in
+                  (p.get("metadata") or {} for p in snapshot.pods)}
+        shares = [row for row in shares if (row.namespace, row.name) in listed]
+    report = replace(model.build(snapshot.nodes, snapshot.pods, snapshot.events, options.contract,
+                                 namespace=options.namespace, only_nodes=options.nodes, shares=shares),
+                     selector=options.selector)
+    if options.output in ("json", "yaml"):
+        return render.as_json(report) if options.output == "json" else render.as_yaml(report)
+    text = render.summary(report, wide=options.output == "wide")
     return text + "\n\n" + render.details(report) if options.details else text
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     options = options_from(sys.argv[1:] if argv is None else argv, os.environ)
     try:
-        snapshot = cluster.read(options.access, options.namespace)
+        snapshot = cluster.read(options.access, options.namespace, options.selector)
     except cluster.ClusterError as exc:
         text = str(exc)  # it may quote the API server's answer: printed through `printable`, as the tables are
         print(printable(f"error: {text[:1].upper()}{text[1:]}{'' if text.endswith('.') else '.'}"), file=sys.stderr)
         return 1
     print(show(options, snapshot))
-    for note in snapshot.notes:  # on stderr: `-o json` stays one JSON document
+    for note in snapshot.notes:  # on stderr: `-o json` and `-o yaml` stay one document
         print(printable(f"warning: {note[:1].upper()}{note[1:]}{'' if note.endswith('.') else '.'}"), file=sys.stderr)
     return 0
 

@@ -1,4 +1,4 @@
-"""The API server, seen by `kubectl gpushare`: kubeconfig loading as kubectl does it, and three list calls.
+"""The API server, seen by `kubectl gpushare`: kubeconfig loading as kubectl does it, and four list calls.
 
 The only module of the plugin that imports the `kubernetes` client. Every failure becomes a ClusterError whose
 text is one line saying what failed and what to do.
@@ -14,6 +14,8 @@ import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from kubectlplugin.impersonation import Identity, impersonate
 
 _CONNECTION_PREFIX = re.compile(r"^(<[^>]*>|HTTPS?Connection\([^)]*\)): ")
 _SSL_SOURCE = re.compile(r" \(_ssl\.c:[0-9]+\)")
@@ -31,13 +33,15 @@ class ClusterError(Exception):
 @dataclass(frozen=True)
 class Access:
     """Where and as whom to connect, as kubectl decides it: --kubeconfig, else $KUBECONFIG (a list of files
-    separated by ':'), else ~/.kube/config, else the pod's ServiceAccount when running inside a cluster."""
+    separated by ':'), else ~/.kube/config, else the pod's ServiceAccount when running inside a cluster; `identity`
+    is whom to act as (--as, --as-group)."""
 
     kubeconfig: str = ""
     env_kubeconfig: str = ""
     home: str = ""
     context: str = ""
     timeout: float = 10.0
+    identity: Identity = field(default_factory=Identity)
 
 
 @dataclass(frozen=True)
@@ -149,21 +153,25 @@ def _logged_errors() -> Iterator[list[str]]:
         root.handlers = saved
 
 
-def read(access: Access, namespace: str | None) -> Snapshot:
-    """Nodes, and the pods and Events of one namespace (None: every namespace)."""
+def read(access: Access, namespace: str | None, selector: str = "") -> Snapshot:
+    """Nodes, and the pods and Events of one namespace (None: every namespace); `selector`, a label selector the API
+    server applies to the pods (-l)."""
     from kubernetes import client
 
     settings = configuration(access)
     with client.ApiClient(settings) as api_client:
+        impersonate(api_client, access.identity)
         core = client.CoreV1Api(api_client)
         server = str(settings.host)
         where = f"namespace {namespace}" if namespace else "all namespaces"
         nodes = _list(access, server, "list nodes", core.list_node)
+        matching = {"label_selector": selector} if selector else {}
+        pods_in = f"list pods matching {selector!r} in {where}" if selector else f"list pods in {where}"
         if namespace:
-            pods = _list(access, server, f"list pods in {where}", core.list_namespaced_pod, namespace)
+            pods = _list(access, server, pods_in, core.list_namespaced_pod, namespace, **matching)
             events = _list(access, server, f"list events in {where}", core.list_namespaced_event, namespace)
         else:
-            pods = _list(access, server, f"list pods in {where}", core.list_pod_for_all_namespaces)
+            pods = _list(access, server, pods_in, core.list_pod_for_all_namespaces, **matching)
             events = _list(access, server, f"list events in {where}", core.list_event_for_all_namespaces)
         claims, notes = _claims(access, server, client.ResourceV1Api(api_client), namespace, where)
     return Snapshot(server, nodes, pods, events, claims, notes)
@@ -184,11 +192,12 @@ def _claims(access: Access, server: str, api: Any, namespace: str | None, where:
         return [], (f"DRA shares not shown: {exc}",)
 
 
-def _list(access: Access, server: str, what: str, method: Any, *args: Any) -> list[dict[str, Any]]:
+def _list(access: Access, server: str, what: str, method: Any, *args: Any, **query: Any) -> list[dict[str, Any]]:
     items: list[dict[str, Any]] = []
     token = ""
     while True:
-        page = _call(access, server, what, method, *args, limit=PAGE, **({"_continue": token} if token else {}))
+        more = {"_continue": token} if token else {}
+        page = _call(access, server, what, method, *args, limit=PAGE, **query, **more)
         items += page.get("items") or []
         token = str((page.get("metadata") or {}).get("continue") or "")
         if not token:
@@ -202,7 +211,7 @@ def _call(access: Access, server: str, what: str, method: Any, *args: Any, **kwa
         response = method(*args, _preload_content=False, _request_timeout=access.timeout, **kwargs)
         doc = json.loads(response.data)
     except ApiException as exc:
-        raise ClusterError(_refused(exc, server, what), exc.status) from exc
+        raise ClusterError(_refused(exc, server, what, access.identity), exc.status) from exc
     except ValueError as exc:
         raise ClusterError(f"the API server at {server} answered the request to {what} with something that is not "
                            "JSON; check that the kubeconfig points at a Kubernetes API server") from exc
@@ -221,11 +230,17 @@ def _status_message(exc: Any) -> str:
         return str(exc.body or "")[:200]
 
 
-def _refused(exc: Any, server: str, what: str) -> str:
+def _refused(exc: Any, server: str, what: str, identity: Identity) -> str:
     message = _status_message(exc)
     if exc.status == 401:
         return (f"the API server at {server} did not accept your credentials (401 Unauthorized); log in again or "
                 "fix the user of your kubeconfig context")
+    if exc.status == 403 and identity.user and "cannot impersonate" in message:
+        return (f"you may not act as {identity.user} (403 Forbidden: {_one_line(message)}); ask for a role that may "
+                "impersonate that user and those groups, or run without --as")
+    if exc.status == 400 and what.startswith("list pods matching "):  # the server parses it (apimachinery labels)
+        return (f"the API server at {server} rejected the label selector of the request to {what} (400 Bad Request: "
+                f"{_one_line(message)}); fix -l/--selector, such as app=train or 'tier in (a,b)'")
     if exc.status == 403:
         hint = ("ask for a role that may list resourceclaims of resource.k8s.io (the view ClusterRole)"
                 if "ResourceClaims" in what else

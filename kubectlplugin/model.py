@@ -95,6 +95,7 @@ class Report:
     namespace: str | None  # None: every namespace
     nodes: tuple[NodeRow, ...]
     pending: tuple[PodRow, ...] = ()  # not on a node yet
+    selector: str = ""  # the label selector the pods were listed with (-l); "" for every pod
 
 
 def _meta(obj: Obj) -> Obj:

@@ -1,8 +1,10 @@
-"""The report as kubectl-style tables or as JSON (pure).
+"""The report as kubectl-style tables, or as one JSON or YAML document of kind GpushareStatus (pure).
 
 Names, reasons and messages come from the cluster, where anyone who may create a pod or an Event chooses them: every
 table cell and sentence is printed through `printable` (a newline as \\n, ESC as \\x1b), so none can add a row or
-drive the terminal; the JSON is json.dumps's, which escapes every control character by itself.
+drive the terminal; the JSON is json.dumps's, which escapes every control character by itself, and the YAML is
+PyYAML's safe_dump without allow_unicode, which escapes every other control character and all but ASCII (a newline
+stays a line break inside a quoted scalar).
 """
 
 from __future__ import annotations
@@ -11,10 +13,15 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+import yaml
+
 from common.escape import printable
 from kubectlplugin.model import GpuRow, PodRow, Report
 
 NONE = "-"
+# The document's version: a field is added under the same version, never renamed or removed (docs/kubectl-plugin.md).
+API_VERSION = "gpushare.io/v1"
+KIND = "GpushareStatus"
 
 
 def columns(rows: Sequence[Sequence[str]]) -> str:
@@ -29,20 +36,27 @@ def _memory(value: int | None) -> str:
     return NONE if value is None else str(value)
 
 
-def _free(gpu: GpuRow) -> str:
-    return NONE if gpu.memory is None else str(gpu.memory - gpu.promised)
+def _free(gpu: GpuRow) -> int | None:
+    return None if gpu.memory is None else gpu.memory - gpu.promised
 
 
-def summary(report: Report) -> str:
-    """One row per node and GPU: memory, units promised and allocated, what is free, how many pods."""
+def _names(pods: Sequence[PodRow]) -> str:
+    return ",".join(f"{p.namespace}/{p.name}" for p in pods) or NONE
+
+
+def summary(report: Report, wide: bool = False) -> str:
+    """One row per node and GPU: memory, units promised and allocated, what is free, how many pods (`wide`: and
+    which, as namespace/name)."""
     unit = report.unit
-    rows = [["NODE", "GPU", f"MEMORY({unit})", f"PROMISED({unit})", f"ALLOCATED({unit})", f"FREE({unit})", "PODS"]]
+    rows = [["NODE", "GPU", f"MEMORY({unit})", f"PROMISED({unit})", f"ALLOCATED({unit})", f"FREE({unit})", "PODS",
+             *(["NAMESPACE/POD"] if wide else [])]]
     for node in report.nodes:
         for gpu in node.gpus:
             rows.append([node.name, str(gpu.index), _memory(gpu.memory), str(gpu.promised), str(gpu.allocated),
-                         _free(gpu), str(len(gpu.pods))])
+                         _memory(_free(gpu)), str(len(gpu.pods)), *([_names(gpu.pods)] if wide else [])])
         if node.unplaced:
-            rows.append([node.name, NONE, NONE, NONE, NONE, NONE, str(len(node.unplaced))])
+            rows.append([node.name, NONE, NONE, NONE, NONE, NONE, str(len(node.unplaced)),
+                         *([_names(node.unplaced)] if wide else [])])
     if len(rows) == 1:
         return printable(f"No node offers {report.resource} and no pod asks for it.") + _scope(report)
     lines = [columns(rows)]
@@ -57,10 +71,13 @@ def summary(report: Report) -> str:
 
 
 def _scope(report: Report) -> str:
-    if report.namespace is None:
-        return ""
-    return printable(f" Only pods of namespace {report.namespace} are counted; run without -n to count every "
-                     "namespace.")
+    said = ""
+    if report.namespace is not None:
+        said += printable(f" Only pods of namespace {report.namespace} are counted; run without -n to count every "
+                          "namespace.")
+    if report.selector:
+        said += printable(f" Only pods matching {report.selector} are counted; run without -l to count every pod.")
+    return said
 
 
 def details(report: Report) -> str:
@@ -94,17 +111,20 @@ def _pod(pod: PodRow) -> dict[str, Any]:
 
 
 def document(report: Report) -> dict[str, Any]:
-    """The report as plain JSON data: every figure of the tables, and every pod."""
+    """The report as plain data, -o json and -o yaml alike: every figure of the tables, and every pod."""
     return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
         "resource": report.resource,
         "unit": report.unit,
         "namespace": report.namespace,
+        "selector": report.selector or None,
         "nodes": [
             {
                 "name": node.name,
                 "gpus": [
                     {"index": g.index, "memory": g.memory, "promised": g.promised, "allocated": g.allocated,
-                     "pods": [_pod(p) for p in g.pods]}
+                     "free": _free(g), "pods": [_pod(p) for p in g.pods]}
                     for g in node.gpus
                 ],
                 "unplaced": [_pod(p) for p in node.unplaced],
@@ -117,3 +137,8 @@ def document(report: Report) -> dict[str, Any]:
 
 def as_json(report: Report) -> str:
     return json.dumps(document(report), indent=2)
+
+
+def as_yaml(report: Report) -> str:
+    """The same document as YAML, its keys in the JSON's order, each value on one line where it has no newline."""
+    return str(yaml.safe_dump(document(report), sort_keys=False, allow_unicode=False, width=1 << 16)).rstrip("\n")

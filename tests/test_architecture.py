@@ -8,6 +8,9 @@ shrink."""
 from __future__ import annotations
 
 import ast
+import re
+import sys
+import tomllib
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
@@ -164,8 +167,14 @@ def _forbidden_imports(folder: str, forbidden: tuple[str, ...], root: Path = ROO
     return found
 
 
+def _write_tree(root: Path, files: dict[str, str]) -> None:
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+
+
 def test_forbidden_import_finder_sees_one(tmp_path: Path) -> None:
-    for name, text in {
+    _write_tree(tmp_path, {
         "a/__init__.py": "",
         "a/rules/__init__.py": "",
         "a/rules/pure.py": "import json\nfrom a.rules import ok\n",
@@ -177,9 +186,7 @@ def test_forbidden_import_finder_sees_one(tmp_path: Path) -> None:
         "a/server/app.py": "import flask\n",
         "b/__init__.py": "",
         "b/helper.py": "import ssl\nx = 1\n",
-    }.items():
-        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / name).write_text(text)
+    })
     found = _forbidden_imports("a/rules", ("a.server", "flask", "asyncio", "ssl"), tmp_path)
     assert found == {
         "a.rules.direct -> asyncio": "a.rules.direct",
@@ -367,3 +374,62 @@ def test_reserved_names_are_defined_once() -> None:
     unexpected = {place: value for place, value in found.items() if place not in DEFINITIONS_ALLOWED}
     assert not unexpected, f"reserved names defined outside {KEY_MODULE}; import them from it: {unexpected}"
     assert not DEFINITIONS_ALLOWED - set(found), f"no longer defined: {DEFINITIONS_ALLOWED - set(found)}"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# (f) `kubectl gpushare` installs on its own (packaging/kubectl-gpushare): the distribution lists exactly the modules
+# of ours the plugin's entry point reaches, and its dependencies are exactly the outside packages they import.
+
+PLUGIN_ENTRY = "kubectlplugin.cli"
+PLUGIN_PROJECT = ROOT / "packaging" / "kubectl-gpushare" / "pyproject.toml"
+# The import name of each outside package the plugin may use, and its distribution; none of the server's.
+PLUGIN_THIRD_PARTY = {"kubernetes": "kubernetes", "yaml": "PyYAML", "urllib3": "urllib3"}
+
+
+def _closure(entry: str, root: Path = ROOT) -> tuple[set[str], set[str]]:
+    """(our modules `entry` reaches through its imports, function-level ones included; the top-level names of the
+    outside packages they import)."""
+    ours, outside, todo = {entry}, set(), [entry]
+    while todo:
+        module = todo.pop()
+        path = _source(module, root)
+        assert path is not None, module
+        for name in _loads(path, root):
+            top = name.split(".")[0]
+            if _source(name, root) is not None:
+                if name not in ours:
+                    ours.add(name)
+                    todo.append(name)
+            elif top not in sys.stdlib_module_names and _source(top, root) is None:
+                outside.add(top)
+    return ours, outside
+
+
+def test_the_plugin_distribution_holds_its_import_closure_and_nothing_else() -> None:
+    setuptools = tomllib.loads(PLUGIN_PROJECT.read_text(encoding="utf-8"))["tool"]["setuptools"]
+    listed = set(setuptools["py-modules"])
+    shipped = listed | {m.rsplit(".", 1)[0] for m in listed}  # each module's package comes with it
+    ours, _ = _closure(PLUGIN_ENTRY)
+    assert not {m.split(".")[0] for m in ours} - {"common", "contract", "kubectlplugin"}, sorted(ours)
+    assert ours == shipped, (f"the plugin imports {sorted(ours - shipped)} that {PLUGIN_PROJECT} does not list, and "
+                             f"it lists {sorted(shipped - ours)} that the plugin does not import")
+
+
+def test_the_plugin_depends_on_what_it_imports_from_outside() -> None:
+    _, outside = _closure(PLUGIN_ENTRY)
+    assert outside <= set(PLUGIN_THIRD_PARTY), f"the plugin imports {sorted(outside - set(PLUGIN_THIRD_PARTY))}"
+    declared = tomllib.loads(PLUGIN_PROJECT.read_text(encoding="utf-8"))["project"]["dependencies"]
+    names = {re.split(r"[<>=!~;\[ ]", d, maxsplit=1)[0] for d in declared}
+    assert names == {PLUGIN_THIRD_PARTY[m] for m in outside}, (names, outside)
+
+
+def test_closure_finder_sees_function_level_and_outside_imports(tmp_path: Path) -> None:
+    _write_tree(tmp_path, {
+        "a/__init__.py": "",
+        "a/cli.py": "import json\nfrom a import low\n",
+        "a/low.py": "def f():\n    import kubernetes.client\n    from b.util import x\n",
+        "a/unused.py": "import flask\n",
+        "b/__init__.py": "",
+        "b/util.py": "import yaml\nx = 1\n",
+    })
+    assert _closure("a.cli", tmp_path) == ({"a", "a.cli", "a.low", "b", "b.util"}, {"kubernetes", "yaml"})

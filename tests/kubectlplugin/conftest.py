@@ -1,4 +1,6 @@
-"""A test API server holding the golden cluster (tests/harness/kubectl_fixtures.py) as real objects, and users."""
+"""A test API server holding the golden cluster (tests/harness/kubectl_fixtures.py) as real objects, and users.
+
+Each pod is labelled app=<its name> and team=<its namespace>, for `-l`."""
 
 from __future__ import annotations
 
@@ -36,6 +38,7 @@ def api() -> Iterator[ApiServer]:
             server.add_namespace(namespace)
             body = copy.deepcopy({k: v for k, v in pod.items() if k != "status"})
             del body["metadata"]["uid"]
+            body["metadata"]["labels"] = {"app": body["metadata"]["name"], "team": namespace}  # for -l
             made = admin.create("pods", body, namespace)
             uids[pod["metadata"]["uid"]] = made["metadata"]["uid"]
             if pod["status"] != {"phase": "Pending"}:

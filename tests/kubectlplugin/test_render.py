@@ -39,10 +39,12 @@ def test_json_holds_every_figure_and_pod() -> None:
     report = golden_report()
     doc = json.loads(render.as_json(report))
     assert doc == render.document(report)
-    assert (doc["resource"], doc["unit"], doc["namespace"]) == ("aliyun.com/gpu-mem", "GiB", None)
+    assert list(doc)[:2] == ["apiVersion", "kind"]
+    assert (doc["apiVersion"], doc["kind"], doc["resource"], doc["unit"], doc["namespace"], doc["selector"]) == (
+        "gpushare.io/v1", "GpushareStatus", "aliyun.com/gpu-mem", "GiB", None, None)
     gpu_b = next(n for n in doc["nodes"] if n["name"] == "gpu-b")
     assert gpu_b["gpus"] == [{
-        "index": 0, "memory": 24, "promised": 12, "allocated": 0,
+        "index": 0, "memory": 24, "promised": 12, "allocated": 0, "free": 12,
         "pods": [{"namespace": "ml", "name": "eval", "node": "gpu-b", "gpu": 0, "units": 12, "state": "refused",
                   "reason": "GpuShareNoRoom: Pod ml/eval does not fit on GPU 0 of node gpu-b: 12 GiB asked, 8 GiB "
                             "free; delete pods on that GPU or recreate the pod.",

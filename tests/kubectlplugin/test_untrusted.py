@@ -9,6 +9,7 @@ import json
 from typing import Any
 
 import pytest
+import yaml
 
 from contract import DEV, IDX, POD
 from contract.keys import GPU_COUNT
@@ -165,10 +166,13 @@ def test_names_with_control_characters_are_escaped_in_every_table() -> None:
     assert printable(shown), shown
     assert "p\\u2028x" in shown and "ns\\r" in shown and "n1\\x1b]0;title\\x07" in shown
     assert printable(render.as_json(report))
+    shown_yaml = render.as_yaml(report)
+    assert printable(shown_yaml) and shown_yaml.isascii(), shown_yaml
+    assert yaml.safe_load(shown_yaml) == render.document(report)
 
 
 def test_the_error_line_is_printable(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    def refused(access: cluster.Access, namespace: str | None) -> cluster.Snapshot:
+    def refused(access: cluster.Access, namespace: str | None, selector: str = "") -> cluster.Snapshot:
         raise cluster.ClusterError("the API server at https://h refused (HTTP 500: \x1b[2Jgone\nerror: forged)")
 
     monkeypatch.setattr(cluster, "read", refused)

@@ -1,11 +1,15 @@
-"""Bearer tokens of the test API server, mapped to users so admission `userInfo` is real."""
+"""Bearer tokens of the test API server, mapped to users so admission `userInfo` is real; impersonation."""
 
 from __future__ import annotations
 
 import secrets
 import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from tests.harness.apiserver.resources import Resource
+from tests.harness.apiserver.status import bad_request, forbidden
 
 
 @dataclass(frozen=True)
@@ -71,3 +75,29 @@ class Tokens:
     def lookup(self, token: str) -> User | None:
         with self._lock:
             return self._users.get(token)
+
+
+SA_PREFIX = "system:serviceaccount:"
+IMPERSONATED = {"users": Resource("", "v1", "users", "User", False),
+                "groups": Resource("", "v1", "groups", "Group", False)}
+Authorize = Callable[..., "str | None"]  # ApiServer.authorize: (who, verb, resource, subresource, namespace, name)
+
+
+def acting_as(found: User, name: str, groups: Sequence[str], authorize: Authorize) -> User:
+    """Whom a request acts as, given its Impersonate-User and Impersonate-Group headers (k8s.io/apiserver
+    pkg/endpoints/filters/impersonation.go): the authenticated user needs the `impersonate` verb on the user and on
+    each group; the identity gets system:authenticated, and a ServiceAccount named without groups gets its own.
+
+    Simplification: ServiceAccounts are authorized as `users`, and Impersonate-Uid and -Extra-* are not read."""
+    if not name:
+        if groups:
+            raise bad_request(f"requested {list(groups)} without impersonating a user")
+        return found
+    for kind, value in [("users", name), *(("groups", g) for g in groups)]:
+        problem = authorize(found, "impersonate", IMPERSONATED[kind], "", "", value)
+        if problem:
+            raise forbidden(problem)
+    if name.startswith(SA_PREFIX) and not groups and name.count(":") == 3:
+        namespace, account = name[len(SA_PREFIX):].split(":")
+        return service_account(namespace, account)
+    return user(name, *(g for g in groups if g != "system:authenticated"))

@@ -14,6 +14,7 @@ import urllib.parse
 from http.server import BaseHTTPRequestHandler
 from typing import TYPE_CHECKING, Any
 
+from tests.harness.apiserver.auth import acting_as
 from tests.harness.apiserver.resources import BY_PATH, Resource
 from tests.harness.apiserver.selectors import parse_field_selector, parse_label_selector
 from tests.harness.apiserver.status import ApiError, bad_request, forbidden, internal, not_found
@@ -138,7 +139,8 @@ class Handler(BaseHTTPRequestHandler):
         found = self.api.tokens.lookup(token.strip()) if scheme.lower() == "bearer" else None
         if found is None:
             raise ApiError(401, "Unauthorized", "Unauthorized")
-        return found
+        return acting_as(found, self.headers.get("Impersonate-User") or "",
+                         self.headers.get_all("Impersonate-Group") or [], self.api.authorize)
 
     def _dispatch(self, method: str) -> None:
         self._raw = b""

@@ -122,6 +122,13 @@ def certs_install(cluster: Cluster) -> None:
         raise InstallError(f"gpushare-certs install failed (exit {done.returncode}): {done.stderr or done.stdout}")
 
 
+def ensure_cert_manager(cluster: Cluster) -> None:
+    """The tier's cert-manager running, started once per cluster whichever install test needs it first."""
+    running = cluster.procs.procs.get("cert-manager-controller")
+    if running is None or not running.alive():
+        cluster.cert_manager().start()
+
+
 def wait_serving(cluster: Cluster, timeout: float = 120) -> None:
     """Until a GPU-share pod's creation passes both webhooks through their Service (a server-side dry run): pods
     Ready is not enough, the Service's endpoints reach kube-proxy's rules a moment later."""

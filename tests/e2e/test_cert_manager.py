@@ -1,6 +1,6 @@
 """The cert-manager install on the real cluster, with upstream cert-manager issuing and injecting.
 
-`kubectl apply -k manifests/cert-manager` as the README says (with the tier's swaps: the webhook and plugin run
+`kubectl apply -k manifests/cert-manager` as docs/deploy.md says (with the tier's swaps: the webhook and plugin run
 on the host, the API server reaches the webhook on 127.0.0.1, and the signing-key Job's command runs on the host
 with the Job's ServiceAccount), then pods created in a loop through the API server while cert-manager renews the
 serving certificate, and while it replaces the issuing CA: not one admission may fail, and the webhook serves
@@ -175,7 +175,7 @@ def cert_managed(cluster: Cluster) -> Iterator[Cluster]:
     applied, job = overlay(cluster)
     gpushare.apply(kubectl, applied)
     run_signing_key_job(cluster, job)
-    # The README's wait: the serving Certificate Ready (the webhook Deployment's pods start once its Secret exists).
+    # docs/deploy.md's wait: the serving Certificate Ready (the webhook Deployment's pods start once its Secret exists).
     kubectl.ok(["wait", "--for=condition=Ready", f"certificate/{SERVING}", "-n", NS, "--timeout=120s"], timeout=130)
     # The Deployment's and DaemonSet's pods would now start with the new Secret and ConfigMap mounted.
     cluster.stop_webhook()

@@ -40,7 +40,7 @@ WHILE_REPLACED = (*KUBELET_OWN, "rpc error: code = Canceled desc = grpc: the cli
 @pytest.fixture(scope="module")
 def installed(cluster: Cluster) -> Iterator[Cluster]:
     kubectl = cluster.kubectl()
-    cluster.cert_manager().start()
+    install.ensure_cert_manager(cluster)
     kubectl.ok(["label", "node", cluster.settings.node_name, install.GPU_NODE_LABEL, "--overwrite"])
     values = install.write_values(cluster, cluster.run / "install" / "cert-manager.yaml",
                                   certificates="cert-manager", delivery=DELIVERY)

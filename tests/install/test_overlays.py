@@ -50,9 +50,8 @@ def _user_overlay(cluster: Cluster, overlay: str) -> Path:
 @pytest.mark.parametrize("overlay", ["self-signed", "cert-manager"])
 def test_kubectl_apply_k_brings_up_a_working_install(cluster: Cluster, kubectl: Kubectl, namespace: str,
                                                     overlay: str) -> None:
-    running = cluster.procs.procs.get("cert-manager-controller")
-    if overlay == "cert-manager" and (running is None or not running.alive()):
-        cluster.cert_manager().start()
+    if overlay == "cert-manager":
+        install.ensure_cert_manager(cluster)
     kubectl.ok(["label", "node", cluster.settings.node_name, install.GPU_NODE_LABEL, "--overwrite"])
     folder = _user_overlay(cluster, overlay)
     started = time.monotonic()

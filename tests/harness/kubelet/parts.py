@@ -37,7 +37,7 @@ class KubeletConfig:
     # memory away already, so the device plugin must refuse that start.
     start_deleted: bool = False
     # Whether the NVIDIA runtime honours NVIDIA_VISIBLE_DEVICES of unprivileged containers; cdi delivery runs with
-    # it off (README, Security), so a container's GPUs come from its CDI devices alone.
+    # it off (docs/security.md), so a container's GPUs come from its CDI devices alone.
     env_interface: bool = True
 
     @property

@@ -201,7 +201,7 @@ def create_container(
     """What the runtime does with one container of `pod` (as it is now): env, CDI edits, the NVIDIA hook.
 
     Without `env_interface` the runtime is set to ignore NVIDIA_VISIBLE_DEVICES of unprivileged containers
-    (`accept-nvidia-visible-devices-envvar-when-unprivileged = false`, the README's setting for cdi delivery): the
+    (`accept-nvidia-visible-devices-envvar-when-unprivileged = false`, docs/security.md's setting for cdi delivery): the
     container's GPUs then come from its CDI devices' edits alone.
     """
     meta = pod.get("metadata") or {}

@@ -134,7 +134,7 @@ class Cluster:
             })
             node_client = self.api.client(self.api.add_user(user(f"system:node:{name}", "system:nodes")))
             # The reference plugin delivers by env in any mode; ours in cdi mode runs beside a runtime that
-            # ignores the variable (README, Security).
+            # ignores the variable (docs/security.md).
             env_interface = spec.plugin == "baseline" or spec.delivery == "env"
             config = KubeletConfig(name, str(self.workdir / name), gpus, pull_delay=self._pull_delay,
                                    seed=spec.seed * 100 + i, env_interface=env_interface,

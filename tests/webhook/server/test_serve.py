@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import datetime
+import hashlib
 import http.client
 import json
 import os
@@ -123,15 +124,30 @@ def test_bad_settings_exit_2_with_the_variable_named(
     assert "Traceback" not in err
 
 
+def _dev_venv() -> dict[str, str]:
+    """`./dev serve` run with the virtual environment of this test run, where `./dev` set it up (else it would
+    install the project into it first)."""
+    venv = Path(sys.executable).parent.parent
+    stamp = venv / ".gpushare-installed"
+    want = hashlib.sha256((REPO / "pyproject.toml").read_bytes()).hexdigest()
+    if not stamp.exists() or stamp.read_text().strip() != want:
+        pytest.skip(f"{venv} was not set up by ./dev for this pyproject.toml (no current .gpushare-installed)")
+    return {"GPUSHARE_VENV": str(venv)}
+
+
+# The README's main command as written, and the module it runs.
+@pytest.mark.parametrize("argv", [["./dev", "serve"], [sys.executable, "-m", "webhook.server.serve"]],
+                         ids=["./dev serve", "python -m webhook.server.serve"])
 @pytest.mark.timeout(60)
-def test_python_m_webhook_serve_prints_a_working_curl_line(tmp_path: Path) -> None:
+def test_webhook_serve_prints_a_working_curl_line(tmp_path: Path, argv: list[str]) -> None:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUSHARE_")}
     env.update({"GPUSHARE_DEV_CERTS": str(tmp_path / "dev"), "GPUSHARE_BIND": f"127.0.0.1:{port}",
                 "GPUSHARE_METRICS_BIND": f"127.0.0.1:{free_port()}", "GPUSHARE_WORKERS": "1", "GPUSHARE_THREADS": "2"})
+    if argv[0] == "./dev":
+        env.update(_dev_venv())
     process = subprocess.Popen(
-        [sys.executable, "-m", "webhook.server.serve"], cwd=REPO, env=env, stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL, start_new_session=True, text=True,
+        argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True, text=True,
     )
     try:
         assert process.stdout is not None

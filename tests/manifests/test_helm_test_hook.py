@@ -55,3 +55,23 @@ def test_the_test_pod_runs_the_selftest_in_the_releases_image(sets: list[str], i
     assert container["envFrom"] == [{"configMapRef": {"name": "gpushare-config"}}]
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     assert spec["securityContext"]["runAsNonRoot"] is True
+
+
+@pytest.mark.parametrize(("namespace", "selector", "says"), [
+    ("kube-system", [], ["kubectl label node NODE gpushare.io/gpu-memory=device-plugin"]),
+    ("gpushare-system", ["devicePlugin.nodeSelector.pool=gpu"],
+     ["kubectl label node NODE gpushare.io/gpu-memory=device-plugin pool=gpu",
+      "kubectl label namespace gpushare-system pod-security.kubernetes.io/enforce=privileged"]),
+])
+def test_the_install_notes_give_the_commands_for_these_values(namespace: str, selector: list[str],
+                                                              says: list[str]) -> None:
+    args = ["install", helm.RELEASE, str(helm.CHART), "--dry-run=client", "--namespace", namespace,
+            *helm.kube_version_args()]
+    for item in selector:
+        args += ["--set", item]
+    done = helm.run(args)
+    assert done.returncode == 0, done.stderr
+    notes = done.stdout.partition("NOTES:")[2]
+    for line in says:
+        assert line in notes, notes
+    assert ("pod-security.kubernetes.io/enforce" in notes) is (namespace == "gpushare-system"), notes

@@ -113,8 +113,10 @@ def sbom_step(source: Source, artifacts: Artifacts, settings: ReleaseSettings) -
     virtual environment. Offline: no update check."""
     syft = syft_binary(settings)
     env = {**os.environ, "SYFT_CHECK_FOR_APP_UPDATE": "false"}
-    _run([str(syft), "scan", f"oci-archive:{artifacts.image}", "--quiet", "-o",
-          f"cyclonedx-json={artifacts.sbom}"], "syft scan of the image archive", env=env)
+    # Named as the image, not as the archive's path in the staging folder.
+    _run([str(syft), "scan", f"oci-archive:{artifacts.image}", "--quiet", "--source-name", "gpushare",
+          "--source-version", source.version, "-o", f"cyclonedx-json={artifacts.sbom}"],
+         "syft scan of the image archive", env=env)
 
 
 def kubectl_plugin_step(source: Source, artifacts: Artifacts, settings: ReleaseSettings) -> None:

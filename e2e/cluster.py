@@ -36,12 +36,17 @@ TENANT = "tenant-user"  # an ordinary user: edit rights in the test namespaces, 
 
 class Cluster:
     def __init__(self, settings: E2eSettings, toolchain: Toolchain,
-                 extra_binary_images: dict[str, Path] | None = None) -> None:
+                 extra_binary_images: dict[str, Path] | None = None, extra_layouts: tuple[Path, ...] = (),
+                 chart: Path | None = None) -> None:
         """`extra_binary_images`: NAME:TAG -> program, more images of one program each for the registry to serve
-        (e2e.registry --binary-image), set before `up`."""
+        (e2e.registry --binary-image), set before `up`; `extra_layouts`: more OCI layouts of the project's image for
+        it to serve (a previous release's); `chart`: what `helm install` installs (e2e.install), the working tree's
+        charts/gpushare unless a packaged release chart is given."""
         self.settings = settings
         self.toolchain = toolchain
         self.extra_binary_images = dict(extra_binary_images or {})
+        self.extra_layouts = extra_layouts
+        self.chart = chart or REPO / "charts" / "gpushare"
         self.run = settings.run_dir
         self.pki_dir = self.run / "pki"
         self.conf = self.run / "conf"
@@ -147,6 +152,7 @@ class Cluster:
         s, tc = self.settings, self.toolchain
         self._pod_network()
         layouts = ["--oci-layout", str(tc.image.layout)] if tc.image is not None else []
+        layouts += [arg for layout in self.extra_layouts for arg in ("--oci-layout", str(layout))]
         if tc.reference is not None:
             layouts += ["--binary-image", f"{PLUGIN_IMAGE}={tc.reference / PLUGIN_BINARY}"]
         for image, program in self.extra_binary_images.items():

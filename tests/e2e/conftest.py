@@ -7,27 +7,30 @@ every test is skipped with one line that names what is missing.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
 from e2e import toolchain
 from e2e.cluster import TENANT, Cluster
 from e2e.kube import Kubectl
-from e2e.settings import from_environ, requested
+from e2e.settings import E2eSettings, from_environ, requested
+from e2e.toolchain import Toolchain
 
 if not requested():
     collect_ignore_glob = ["test_*.py"]
 
 
-def running_cluster(tier: str, host_gpushare: bool = True) -> Iterator[Cluster]:
-    """A cluster for the whole run, or the skip with the line naming what is missing (tests/install uses it too)."""
+def running_cluster(tier: str, host_gpushare: bool = True,
+                    make: Callable[[E2eSettings, Toolchain], Cluster] = Cluster) -> Iterator[Cluster]:
+    """A cluster for the whole run, or the skip with the line naming what is missing (tests/install uses it too,
+    with a `make` that gives the cluster the release's image and chart)."""
     missing = toolchain.check()
     if missing:
         pytest.skip(f"{tier} skipped: " + "; ".join(missing))
     settings = from_environ()
     built = toolchain.ensure(settings)
-    running = Cluster(settings, built)
+    running = make(settings, built)
     running.up(host_gpushare=host_gpushare)
     try:
         yield running

@@ -1,6 +1,8 @@
-"""The install tier: a cluster of the real-cluster tier without gpushare's host processes, where the chart is
-installed as users install it (e2e.install). It runs after tests/e2e, in a pytest run of its own (`./dev e2e`), so
-the two never hold the node at once; collected and skipped as tests/e2e is.
+"""The install tier: a cluster of the real-cluster tier without gpushare's host processes, where the release's
+artifacts are installed as users install them (e2e.install): `./dev release --allow-dirty` of the working tree
+(tests/harness/cluster/releases.py), its OCI archive served by the tier's registry, its packaged chart given to
+`helm install`. It runs after tests/e2e, in a pytest run of its own (`./dev e2e`), so the two never hold the node
+at once; collected and skipped as tests/e2e is.
 """
 
 from __future__ import annotations
@@ -9,17 +11,28 @@ from collections.abc import Iterator
 
 import pytest
 
+from e2e import toolchain
 from e2e.cluster import Cluster
-from e2e.settings import requested
+from e2e.settings import from_environ, requested
 from tests.e2e.conftest import kubectl, namespace, needs_extender, running_cluster  # noqa: F401  (the same fixtures)
+from tests.harness.cluster import releases as built
 
 if not requested():
     collect_ignore_glob = ["test_*.py"]
 
 
 @pytest.fixture(scope="session")
-def cluster() -> Iterator[Cluster]:
-    yield from running_cluster("install tier", host_gpushare=False)
+def releases() -> built.Releases:
+    """The working tree's release and the previous one, built before the cluster starts: its registry serves both."""
+    missing = toolchain.check()
+    if missing:
+        pytest.skip("install tier skipped: " + "; ".join(missing))
+    return built.releases(from_environ())
+
+
+@pytest.fixture(scope="session")
+def cluster(releases: built.Releases) -> Iterator[Cluster]:
+    yield from running_cluster("install tier", host_gpushare=False, make=releases.cluster)
 
 
 @pytest.hookimpl(trylast=True)

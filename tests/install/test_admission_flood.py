@@ -156,7 +156,7 @@ def installed(cluster: Cluster) -> Iterator[Cluster]:
     kubectl.ok(["label", "node", cluster.settings.node_name, install.GPU_NODE_LABEL, "--overwrite"])
     values = install.write_values(cluster, cluster.run / "install" / "flood.yaml", certificates="self-signed",
                                   extra={"webhook": {"admissionSources": [f"{podnet.GATEWAY}/32"]}})
-    install.helm(cluster, "install", install.RELEASE, "charts/gpushare", "--namespace", install.RELEASE_NAMESPACE,
+    install.helm(cluster, "install", install.RELEASE, str(cluster.chart), "--namespace", install.RELEASE_NAMESPACE,
                  "-f", str(values))
     install.certs_install(cluster)
     try:

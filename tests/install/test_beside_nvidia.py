@@ -42,7 +42,7 @@ def _install_nvidia(cluster: Cluster) -> None:
 def _install_ours(cluster: Cluster) -> None:
     values = install.write_values(cluster, cluster.run / "install" / "beside-nvidia.yaml", certificates="self-signed",
                                   extra={"trustedNamespaces": TRUSTED})
-    install.helm(cluster, "install", install.RELEASE, "charts/gpushare", "--namespace", install.RELEASE_NAMESPACE,
+    install.helm(cluster, "install", install.RELEASE, str(cluster.chart), "--namespace", install.RELEASE_NAMESPACE,
                  "-f", str(values))
     install.certs_install(cluster)
     install.wait_serving(cluster)

@@ -58,7 +58,7 @@ def installed(cluster: Cluster) -> Iterator[Cluster]:
                                          "imagePullSecrets": [{"name": PULL_SECRET}],
                                          "webhook": {"priorityClassName": PRIORITY_CLASS}})
     try:
-        install.helm(cluster, "install", install.RELEASE, "charts/gpushare", "--namespace", NAMESPACE,
+        install.helm(cluster, "install", install.RELEASE, str(cluster.chart), "--namespace", NAMESPACE,
                      "--create-namespace", "-f", str(values))
         registry = str(image["repository"]).split("/", 1)[0]
         kubectl.ok(["create", "-f", "-"], stdin=json.dumps(_pull_secret(registry)))

@@ -84,7 +84,7 @@ def installed(cluster: Cluster) -> Iterator[Cluster]:
     kubectl.ok(["label", "node", cluster.settings.node_name, install.GPU_NODE_LABEL, "--overwrite"])
     values = install.write_values(cluster, cluster.run / "install" / "values.yaml", certificates="self-signed")
     started = time.monotonic()
-    install.helm(cluster, "install", install.RELEASE, "charts/gpushare", "--namespace", install.RELEASE_NAMESPACE,
+    install.helm(cluster, "install", install.RELEASE, str(cluster.chart), "--namespace", install.RELEASE_NAMESPACE,
                  "-f", str(values))
     install.certs_install(cluster)  # the chart's NOTES: once, after the first install in self-signed mode
     FIGURES["install_started"] = started

@@ -44,7 +44,7 @@ def installed(cluster: Cluster) -> Iterator[Cluster]:
     kubectl.ok(["label", "node", cluster.settings.node_name, install.GPU_NODE_LABEL, "--overwrite"])
     values = install.write_values(cluster, cluster.run / "install" / "cert-manager.yaml",
                                   certificates="cert-manager", delivery=DELIVERY)
-    install.helm(cluster, "install", install.RELEASE, "charts/gpushare", "--namespace", install.RELEASE_NAMESPACE,
+    install.helm(cluster, "install", install.RELEASE, str(cluster.chart), "--namespace", install.RELEASE_NAMESPACE,
                  "-f", str(values), install.wait(), "--timeout", "5m", timeout=360)
     install.wait_serving(cluster)
     yield cluster
@@ -168,7 +168,7 @@ def _upgrade_or_rollback(installed: Cluster, kubectl: Kubectl, namespace: str, s
     with Loop(installed, namespace) as loop:
         loop.until(20, 120)
         if step == "upgrade":
-            install.helm(installed, "upgrade", install.RELEASE, "charts/gpushare", "--namespace",
+            install.helm(installed, "upgrade", install.RELEASE, str(installed.chart), "--namespace",
                          install.RELEASE_NAMESPACE, "--reuse-values", "--set-string",
                          f"image.tag={image['tag']}{UPGRADE_SUFFIX}", "--set",
                          "webhook.resources.limits.memory=400Mi", install.wait(), "--timeout", "5m", timeout=360)

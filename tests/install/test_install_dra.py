@@ -37,7 +37,7 @@ def installed(cluster: Cluster) -> Iterator[Cluster]:
     kubectl.ok(["label", "node", cluster.settings.node_name, DRA_NODE_LABEL, "--overwrite"])
     values = install.write_values(cluster, cluster.run / "install" / "dra.yaml", certificates="self-signed",
                                   extra={"dra": {"enabled": True, **install.fake_nvml_values(cluster)}})
-    install.helm(cluster, "install", install.RELEASE, "charts/gpushare", "--namespace", install.RELEASE_NAMESPACE,
+    install.helm(cluster, "install", install.RELEASE, str(cluster.chart), "--namespace", install.RELEASE_NAMESPACE,
                  "-f", str(values))
     install.certs_install(cluster)
     install.wait_serving(cluster)

@@ -132,7 +132,7 @@ def test_the_bug_report_runs_on_the_reference_stack(reference: Cluster, kubectl:
 def test_our_chart_installed_beside_it_touches_no_pod_and_pods_made_meanwhile_land_right(
         reference: Cluster, kubectl: Kubectl) -> None:
     values = install.write_values(reference, reference.run / "install" / "migration.yaml", certificates="self-signed")
-    install.helm(reference, "install", install.RELEASE, "charts/gpushare", "--namespace", install.RELEASE_NAMESPACE,
+    install.helm(reference, "install", install.RELEASE, str(reference.chart), "--namespace", install.RELEASE_NAMESPACE,
                  "-f", str(values))
     install.certs_install(reference)
     install.wait_serving(reference)

@@ -75,6 +75,18 @@ def _running_on_recorded_gpu(cluster: Cluster, kubectl: Kubectl, namespace: str,
     return pod
 
 
+def assert_kept_and_placing(cluster: Cluster, kubectl: Kubectl, namespace: str, before: dict[str, Any]) -> None:
+    """After an upgrade: the pod `before` (running before it) is the same pod with the same containers, never
+    restarted, still on its recorded GPU; and a new pod lands on its own recorded GPU."""
+    after = _running_on_recorded_gpu(cluster, kubectl, namespace, "before")
+    assert after["metadata"]["uid"] == before["metadata"]["uid"]
+    assert [(s["containerID"], s["restartCount"]) for s in after["status"]["containerStatuses"]] == [
+        (s["containerID"], s["restartCount"]) for s in before["status"]["containerStatuses"]]
+    assert w.create(kubectl, namespace, w.pod("after", [w.container("main", w.image(cluster), 2)]))[0] == 0
+    w.wait_running(kubectl, namespace, 2, 180)
+    _running_on_recorded_gpu(cluster, kubectl, namespace, "after")
+
+
 def test_an_upgrade_from_the_previous_chart_keeps_pods_and_drops_the_old_names(
         previous: Cluster, kubectl: Kubectl, namespace: str) -> None:
     img = w.image(previous)
@@ -88,7 +100,7 @@ def test_an_upgrade_from_the_previous_chart_keeps_pods_and_drops_the_old_names(
     log = previous.log("kubelet")
     offset = log.stat().st_size
     values = previous.run / "install" / "upgrade-names.yaml"
-    install.helm(previous, "upgrade", install.RELEASE, "charts/gpushare", "--namespace", install.RELEASE_NAMESPACE,
+    install.helm(previous, "upgrade", install.RELEASE, str(previous.chart), "--namespace", install.RELEASE_NAMESPACE,
                  "-f", str(values), install.wait(), "--timeout", "5m")
     kubectl.ok(["label", "node", node, "gpushare-"])
     w.wait("the upgraded plugin registered with the kubelet", lambda: scenarios.REGISTERED in log.read_bytes()[offset:],
@@ -102,10 +114,4 @@ def test_an_upgrade_from_the_previous_chart_keeps_pods_and_drops_the_old_names(
     plugins = w.pods(kubectl, gpushare.NAMESPACE, "app.kubernetes.io/name=gpushare-device-plugin")
     assert len(plugins) == 1 and plugins[0]["spec"]["nodeSelector"] == {"gpushare.io/gpu-memory": "device-plugin"}
 
-    after = _running_on_recorded_gpu(previous, kubectl, namespace, "before")
-    assert after["metadata"]["uid"] == before["metadata"]["uid"]
-    assert [(s["containerID"], s["restartCount"]) for s in after["status"]["containerStatuses"]] == [
-        (s["containerID"], s["restartCount"]) for s in before["status"]["containerStatuses"]]
-    assert w.create(kubectl, namespace, w.pod("after", [w.container("main", img, 2)]))[0] == 0
-    w.wait_running(kubectl, namespace, 2, 180)
-    _running_on_recorded_gpu(previous, kubectl, namespace, "after")
+    assert_kept_and_placing(previous, kubectl, namespace, before)

@@ -67,6 +67,9 @@ class WebhookMetrics:
         self.workers.set(1)
         for endpoint in ENDPOINTS:  # every series exists from the start, so rate() sees the first review
             self.duration.labels(endpoint)
+            for operation in (*OPERATIONS, "unknown"):
+                for outcome in OUTCOMES:
+                    self.reviews.labels(endpoint, operation, outcome)
             for reason in REASONS:
                 self.denials.labels(endpoint, reason)
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from common.settings import metrics_address
-from tests.harness.alerts import known_metric_names, used_metric_names
+from tests.harness.alerts import known_metric_names, product_registries, used_metric_names
 from tests.harness.manifests.render import (
     MANIFESTS,
     NAMESPACE,
@@ -61,3 +61,12 @@ def test_the_dashboard_uses_only_metrics_that_exist(overlay: str, tmp_path: Path
     assert used and used <= known, sorted(used - known)
     ids = [p["id"] for p in dashboard["panels"]]
     assert len(ids) == len(set(ids))
+
+
+def test_the_dashboard_shows_every_metric_of_the_dra_driver(tmp_path: Path) -> None:
+    dashboard = json.loads((MANIFESTS / "monitoring" / "grafana-dashboard.json").read_text())
+    used = used_metric_names(t["expr"] for p in dashboard["panels"] for t in p.get("targets", []))
+    [registry] = product_registries(tmp_path)["dra-plugin"]
+    suffixes = {"counter": "_total", "gauge": ""}
+    driver = {f.name + suffixes[f.type] for f in registry.collect()} - {"gpushare_build_info"}
+    assert driver and driver <= used, sorted(driver - used)

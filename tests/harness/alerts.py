@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime
 import math
 import re
+import urllib.request
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,7 @@ from deviceplugin.dra.settings import dra_settings_from
 from deviceplugin.inventory import Inventory, fake_gpus
 from deviceplugin.metrics import NodeCollector, PluginMetrics
 from deviceplugin.trust import Context
+from e2e.kube import Kubectl
 from tests.harness import promtool
 from webhook.server.metrics import CertificateExpiry, ConnectionMetrics, WebhookMetrics, WireMetrics
 
@@ -54,10 +56,11 @@ class Target:
     pod: str
     ip: str = "10.0.0.1"
     node: str = NODE
+    namespace: str = NAMESPACE
 
     def labels(self) -> dict[str, str]:
         monitor, port = PROGRAMS[self.program]
-        out = {"job": f"{NAMESPACE}/{monitor}", "namespace": NAMESPACE, "pod": self.pod,
+        out = {"job": f"{self.namespace}/{monitor}", "namespace": self.namespace, "pod": self.pod,
                "instance": f"{self.ip}:{port}", "endpoint": "metrics", "container": self.program}
         if _relabels_node(monitor):
             out["node"] = self.node
@@ -70,6 +73,28 @@ def _relabels_node(monitor: str) -> bool:
             return any(r.get("targetLabel") == "node" for e in doc["spec"]["podMetricsEndpoints"]
                        for r in e.get("relabelings", []))
     raise AssertionError(f"no PodMonitor {monitor} in {MONITORS}")
+
+
+def scraped(kubectl: Kubectl, programs: Iterable[str], namespace: str = NAMESPACE) -> dict[Series, float]:
+    """The series of every pod of `programs`, read from their metrics ports over the pod network as Prometheus
+    reads them, labelled as their PodMonitors label them."""
+    out: dict[Series, float] = {}
+    for program in programs:
+        monitor, port = PROGRAMS[program]
+        pods = kubectl.json(["get", "pods", "-n", namespace, "-l", f"app.kubernetes.io/name={monitor}"])["items"]
+        assert pods, f"no pod of {monitor} in {namespace}"
+        for pod in pods:
+            ip = pod["status"]["podIP"]
+            with urllib.request.urlopen(f"http://{ip}:{port}/metrics", timeout=10) as answer:
+                text = answer.read().decode()
+            out.update(series_of(text, Target(program, pod["metadata"]["name"], ip, pod["spec"]["nodeName"],
+                                              namespace)))
+    return out
+
+
+def driven_alerts(series: Mapping[Series, float]) -> set[str]:
+    """The alerts some drive of DRIVES can make fire on these series."""
+    return {d.alert for d in DRIVES if any(d.picks(key) for key in series)}
 
 
 def series_of(text: str, target: Target) -> dict[Series, float]:
@@ -139,10 +164,9 @@ class Drive:
         return key[0] == self.metric and self.match.items() <= dict(key[1]).items()
 
 
-TARGET_JOB = {"job": f"{NAMESPACE}/gpushare-webhook"}
 DAYS = 86400
 DRIVES = (
-    Drive("GpuShareWebhookDown", "up", TARGET_JOB, f"0x{SAMPLES}", ("namespace",)),
+    Drive("GpuShareWebhookDown", "up", {"container": "webhook"}, f"0x{SAMPLES}", ("namespace",)),
     Drive("GpuShareWebhookDown", "gpushare_webhook_worker_processes", {}, f"0x{SAMPLES}", ("namespace",)),
     Drive("GpuShareWebhookCertificateExpiresSoon", "gpushare_webhook_certificate_expires_in_seconds", {},
           f"{5 * DAYS}-60x{SAMPLES}", ("namespace",)),
@@ -228,6 +252,11 @@ def check(series: Mapping[Series, float], folder: Path, drives: Iterable[Drive] 
         if done.returncode != 0:
             failures[alert] = (done.stdout + done.stderr)[-3000:]
     return failures
+
+
+def report(failures: Mapping[str, str]) -> str:
+    """promtool's words on each alert that misbehaved, for an assertion message."""
+    return "\n\n".join(f"{alert}:\n{text}" for alert, text in failures.items())
 
 
 def used_metric_names(expressions: Iterable[str]) -> set[str]:

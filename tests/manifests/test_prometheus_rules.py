@@ -5,12 +5,15 @@ series the programs expose are driven into its condition, and quiet when they ar
 from __future__ import annotations
 
 import re
+import urllib.request
 from pathlib import Path
 
 import pytest
 
 from tests.harness import alerts, promtool
 from tests.harness.manifests.render import OVERLAYS, find, render_with_component
+from tests.harness.plugin.rig import make_rig
+from tests.harness.webhook.server import webhook_server
 
 TROUBLESHOOTING = alerts.REPO / "docs" / "troubleshooting.md"
 SEVERITIES = {"warning", "critical"}
@@ -65,4 +68,30 @@ def test_promtool_accepts_the_rules(tmp_path: Path) -> None:
 @pytest.mark.timeout(promtool.BUILD_TIMEOUT)
 def test_each_alert_fires_when_driven_and_is_quiet_otherwise(tmp_path: Path) -> None:
     failures = alerts.check(alerts.product_series(tmp_path / "certs"), tmp_path / "promtool")
-    assert failures == {}, "\n\n".join(f"{alert}:\n{text}" for alert, text in failures.items())
+    assert failures == {}, alerts.report(failures)
+
+
+@pytest.mark.timeout(promtool.BUILD_TIMEOUT)
+def test_each_alert_fires_on_what_the_running_programs_serve(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The install tier's check (tests/install) on this machine: the real gunicorn webhook's and a registered
+    device plugin's /metrics text, as served, turned into promtool's series."""
+    rigs = make_rig(tmp_path_factory.mktemp("plugin"))
+    rig = next(rigs)
+    try:
+        rig.kubelet.wait_registrations(1)
+        assert rig.plugin.metrics_server is not None
+        host, port = rig.plugin.metrics_server.address
+        with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=10) as answer:
+            series = alerts.series_of(answer.read().decode(), alerts.Target("device-plugin", "plugin-0"))
+    finally:
+        rigs.close()
+    with webhook_server(tmp_path_factory.mktemp("hook"), {"GPUSHARE_WORKERS": "2"}) as hook:
+        series.update(alerts.series_of(hook.scrape(), alerts.Target("webhook", "webhook-0")))
+    assert series[("gpushare_deviceplugin_registered", _target("device-plugin", "plugin-0"))] == 1
+    assert alerts.driven_alerts(series) == set(alerts.alert_names()) - {"GpuShareDraSlicesMissing"}
+    failures = alerts.check(series, tmp_path_factory.mktemp("promtool"))
+    assert failures == {}, alerts.report(failures)
+
+
+def _target(program: str, pod: str) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted(alerts.Target(program, pod).labels().items()))

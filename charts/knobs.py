@@ -334,8 +334,9 @@ GATES = (
 # The optional components of manifests/ (folder -> what its switch means); the chart's value is
 # `<camelCase folder>.enabled`, off by default, as a component is until an overlay lists it.
 COMPONENT_DOCS = {
-    "monitoring": "Prometheus Operator PodMonitors for the webhook and the device plugins, and the Grafana "
-                  "dashboard as a ConfigMap (needs the monitoring.coreos.com CRDs).",
+    "monitoring": "Prometheus Operator PodMonitors for the webhook and the device plugins, their alerts (a "
+                  "PrometheusRule, docs/troubleshooting.md), and the Grafana dashboard as a ConfigMap (needs the "
+                  "monitoring.coreos.com CRDs).",
     "dra": "The DRA driver: its DaemonSet on nodes labelled gpushare.io/gpu-memory=dra, its ServiceAccount and "
            "RBAC, the DeviceClass gpushare.io and the policies keeping it to its own node's ResourceSlices (needs "
            "resource.k8s.io/v1 and the DRAConsumableCapacity feature gate; docs/dra.md).",

@@ -157,8 +157,10 @@ class Plugin:
                 register(s.kubelet_socket, endpoint, s.contract.resource, OPTIONS, s.rpc_timeout_seconds)
             except RegistrationError:
                 self.metrics.registrations.labels("failed").inc()
+                self.metrics.registered.set(0)
                 raise
             self.metrics.registrations.labels("ok").inc()
+            self.metrics.registered.set(1)
         log.info("registered %s with the kubelet (endpoint %s)", s.contract.resource, endpoint)
 
     def _dropped(self) -> None:

@@ -6,10 +6,11 @@ import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from common.buildinfo import BuildInfo
 from common.metricsserver import MetricsServer as Listener
 from common.settings import SettingsError
 from deviceplugin.apiserver import ApiServer, ApiServerError, Conflict, PodListener
@@ -61,6 +62,9 @@ class PluginMetrics:
                                   registry=r)
         self.registrations = Counter("gpushare_deviceplugin_registrations", "Registrations with the kubelet, by "
                                      "outcome (ok or failed).", ["outcome"], registry=r)
+        # A counter cannot say that the last attempt failed and none followed (the kubelet's socket never came).
+        self.registered = Gauge("gpushare_deviceplugin_registered", "1 while the last registration with the "
+                                "kubelet succeeded, 0 before the first and after a failed one.", registry=r)
         self.api_errors = Counter("gpushare_deviceplugin_api_errors", "API server requests that failed (a 409 "
                                   "conflict, which is retried, is not counted), by operation.", ["operation"],
                                   registry=r)
@@ -75,6 +79,7 @@ class PluginMetrics:
             self.registrations.labels(outcome)
         for operation in API_OPERATIONS:
             self.api_errors.labels(operation)
+        r.register(BuildInfo("device-plugin"))
 
     def call(self, method: str, code: str, seconds: float, reason: str = "") -> None:
         """One kubelet call: `code` is "OK" or the gRPC status code name it was answered with."""

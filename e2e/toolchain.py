@@ -134,13 +134,22 @@ def _go_env(settings: E2eSettings, module_dir: Path | None = None) -> dict[str, 
     env["GOFLAGS"] = "-buildvcs=false"
     env["CGO_ENABLED"] = "1"
     if module_dir is not None and (module_dir / "go.mod").exists():
-        wanted = next((line.split()[1] for line in (module_dir / "go.mod").read_text().splitlines()
-                       if line.startswith("go ")), "")
-        local = subprocess.run(["go", "env", "GOVERSION"], env={**env, "GOTOOLCHAIN": "local"},
-                               capture_output=True, text=True, check=False).stdout.strip()
-        if wanted and _go_version_tuple(local) < _go_version_tuple(wanted):
-            env["GOTOOLCHAIN"] = NEWER_GO
+        newer = toolchain_for(go_directive((module_dir / "go.mod").read_text()), env)
+        if newer is not None:
+            env["GOTOOLCHAIN"] = newer
     return env
+
+
+def go_directive(go_mod: str) -> str:
+    """The Go release a go.mod's `go` line asks for ("" when it has none)."""
+    return next((line.split()[1] for line in go_mod.splitlines() if line.startswith("go ")), "")
+
+
+def toolchain_for(wanted: str, env: dict[str, str]) -> str | None:
+    """NEWER_GO where the machine's Go is older than `wanted` (a go directive), else None."""
+    local = subprocess.run(["go", "env", "GOVERSION"], env={**env, "GOTOOLCHAIN": "local"},
+                           capture_output=True, text=True, check=False).stdout.strip()
+    return NEWER_GO if wanted and _go_version_tuple(local) < _go_version_tuple(wanted) else None
 
 
 def _module_work_dir(sources: Path, pinned: Path, work: Path) -> Path:

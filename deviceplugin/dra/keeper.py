@@ -54,6 +54,7 @@ class SliceKeeper:
         self.writes = 0
         self.failures = 0
         self.capacity_dropped = False  # the API server's last answer to a write lacked the consumable capacity
+        self.published = False  # the last step found or left every slice of the node as its GPUs make them
         self._found = ""  # what the last step found, to log only a change
         self._steps_unwritten = 0
         self._stop = threading.Event()
@@ -73,6 +74,7 @@ class SliceKeeper:
             existing = self.api.list_slices(self.node)
         except ApiServerError as exc:
             self.failures += 1
+            self.published = False
             self._note(f"failed: {exc}", logging.WARNING, "Could not publish %s: %s; the scheduler allocates no "
                        "claim to a GPU whose slice is missing. Trying again every %g s (GPUSHARE_DRA_RESYNC_SECONDS); "
                        "check the driver's API server access.", pool, exc, self.interval)
@@ -81,12 +83,14 @@ class SliceKeeper:
         writes, deletes = pool_plan(existing, self.wanted(), consumable_capacity=not self.capacity_dropped or retry)
         if not writes and not deletes:
             self._steps_unwritten += 1
+            self.published = True
             if self.capacity_dropped:
                 self._capacity_error()
             else:
                 self._note("current", logging.INFO, "%s are published and current.", sentence)
             return False
         stored, failed = self._apply(writes, deletes)
+        self.published = not failed
         if failed:
             # One refused write (another writer's slice, a policy, a conflict) must not keep the node's other GPUs
             # unpublished: every other write and delete was made; the next step reads again and retries the rest.

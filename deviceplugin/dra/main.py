@@ -26,6 +26,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from common import logsetup
+from common.buildinfo import BuildInfo
 from common.settings import SettingsError
 from deviceplugin import lifecycle
 from deviceplugin.apiserver import ApiServerError, KubeApiServer
@@ -125,6 +126,7 @@ class DraPlugin:
     def metrics_registry(self) -> CollectorRegistry:
         registry = CollectorRegistry()
         registry.register(_DraCollector(self))
+        registry.register(BuildInfo("dra-plugin"))
         return registry
 
     def stop(self) -> None:
@@ -183,6 +185,13 @@ class _DraCollector:
                                   "read or write it.", value=keeper.failures if keeper else 0)
         yield GaugeMetricFamily("gpushare_dra_prepared_claims", "ResourceClaims prepared on this node (the "
                                 "checkpoint's).", value=len(driver.prepared()) if driver else 0)
+        yield GaugeMetricFamily("gpushare_dra_slices_published", "1 while the last check of the node's ResourceSlices "
+                                "found or left them all published and current, 0 after a check that failed to.",
+                                value=1 if keeper and keeper.published else 0)
+        registration = self.plugin.registration
+        yield GaugeMetricFamily("gpushare_dra_registered", "1 once the kubelet said it registered the driver, 0 "
+                                "before and after it refused to.",
+                                value=1 if registration and registration.registered.is_set() else 0)
 
 
 def run(settings: DraSettings, stop_event: threading.Event, plugin: DraPlugin | None = None) -> int:

@@ -213,3 +213,22 @@ def test_idle_connections_hold_no_thread_and_scrapes_go_on() -> None:
                 sock.close()
     finally:
         server.stop()
+
+
+def test_the_registered_gauge_follows_the_last_registration(tmp_path: Path) -> None:
+    settings = plugin_settings(str(tmp_path))  # no kubelet: its socket does not exist
+    plugin = Plugin(settings, api=FakeApiServer(), public_key=Ed25519PrivateKey.generate().public_key())
+    registry = plugin.metrics.registry
+    assert registry.get_sample_value("gpushare_deviceplugin_registered") == 0
+    plugin.start()
+    try:
+        assert registry.get_sample_value("gpushare_deviceplugin_registered") == 0
+    finally:
+        plugin.stop()
+
+
+def test_a_registered_plugin_says_so_and_its_build(rig: Rig) -> None:
+    rig.kubelet.wait_registrations(1)
+    s = settles(rig, "the registration was not reported", lambda s: value(s, "gpushare_deviceplugin_registered") == 1)
+    [(labels, one)] = [(dict(k[1]), v) for k, v in s.items() if k[0] == "gpushare_build_info"]
+    assert one == 1 and labels["program"] == "device-plugin" and labels["version"] != "unknown"

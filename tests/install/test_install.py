@@ -15,6 +15,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,6 +25,7 @@ from e2e import settings as ports
 from e2e.cluster import Cluster
 from e2e.kube import Kubectl
 from tests.e2e.test_scenario import KUBELET_OWN
+from tests.harness import alerts
 from tests.harness.cluster import scenarios
 from tests.harness.cluster import workloads as w
 
@@ -180,6 +182,17 @@ def test_scenarios_through_the_installed_pods(installed: Cluster, kubectl: Kubec
             for pod in summary["pods"] if pod["podRef"]["namespace"] == gpushare.NAMESPACE
             for c in pod.get("containers") or []}
     print(f"memory in use after it (MiB, limits: webhook 384, plugin 256): {used}", file=sys.stderr)
+
+
+def test_each_alert_fires_on_the_series_the_installed_pods_expose(installed: Cluster, kubectl: Kubectl,
+                                                                   tmp_path: Path) -> None:
+    """The webhook's and the plugin's /metrics as Prometheus reads them (the pod network), labelled as their
+    PodMonitors label them: promtool finds every alert quiet on them as they are, and each alert that has a drive
+    on these programs firing once only the values of its series are changed (tests/harness/alerts.py)."""
+    series = alerts.scraped(kubectl, ("webhook", "device-plugin"), gpushare.NAMESPACE)
+    assert alerts.driven_alerts(series) == set(alerts.alert_names()) - {"GpuShareDraSlicesMissing"}
+    failures = alerts.check(series, tmp_path)
+    assert failures == {}, alerts.report(failures)
 
 
 def test_uninstall_leaves_nothing_that_refuses_or_delays_a_pod(installed: Cluster, kubectl: Kubectl,

@@ -15,6 +15,7 @@ import json
 import sys
 from collections.abc import Iterator
 from dataclasses import asdict
+from pathlib import Path
 
 import pytest
 
@@ -23,6 +24,7 @@ from deviceplugin.inventory import fake_gpus
 from e2e import gpushare, install
 from e2e.cluster import Cluster
 from e2e.kube import Kubectl
+from tests.harness import alerts
 from tests.harness.cluster import dra
 from tests.harness.cluster import workloads as w
 from tests.install.test_install import _ours, _ready, assert_nothing_of_ours_left
@@ -100,6 +102,19 @@ def test_the_drivers_pod_replaced_while_pods_pull_loses_nothing(installed: Clust
     print(f"\n8 pods while the driver's pod was replaced: {json.dumps(asdict(out))}", file=sys.stderr)
     assert out.wrong_gpu == [] and out.made_up == [] and out.stuck == [] and out.failed == [], out
     assert out.over_committed == {} and out.started == out.on_claimed_gpu == 8, out
+
+
+def test_each_alert_fires_on_the_series_the_installed_driver_exposes(installed: Cluster, kubectl: Kubectl,
+                                                                     tmp_path: Path) -> None:
+    """As tests/install/test_install.py's alert test, with the DRA driver in place of the device plugin: its
+    registration and its slices drive their alerts by value."""
+    w.wait("the DRA driver's pod Ready", lambda: _driver_ready(kubectl), 180, 2)
+    series = alerts.scraped(kubectl, ("webhook", "dra-plugin"), gpushare.NAMESPACE)
+    driver = {name for name, _ in series if name.startswith("gpushare_dra_")}
+    assert {"gpushare_dra_registered", "gpushare_dra_slices_published"} <= driver, sorted(driver)
+    assert {"GpuShareDevicePluginNotRegistered", "GpuShareDraSlicesMissing"} <= alerts.driven_alerts(series)
+    failures = alerts.check(series, tmp_path)
+    assert failures == {}, alerts.report(failures)
 
 
 def test_uninstall_leaves_no_class_slice_or_object_of_ours(installed: Cluster, kubectl: Kubectl,

@@ -2,22 +2,14 @@
 
 from __future__ import annotations
 
-import datetime
 import json
-import re
 from pathlib import Path
 from typing import Any
 
 import pytest
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from certs.build import dev_bundle
-from certs.cli import write_files
 from common.settings import metrics_address
-from contract import Contract
-from deviceplugin.inventory import Inventory, fake_gpus
-from deviceplugin.metrics import NodeCollector, PluginMetrics
-from deviceplugin.trust import Context
+from tests.harness.alerts import known_metric_names, product_registries, used_metric_names
 from tests.harness.manifests.render import (
     MANIFESTS,
     NAMESPACE,
@@ -28,7 +20,6 @@ from tests.harness.manifests.render import (
     pod_spec,
     render_with_component,
 )
-from webhook.server.metrics import CertificateExpiry, WebhookMetrics
 
 WORKLOADS = [("Deployment", "gpushare-webhook", "webhook"), ("DaemonSet", "gpushare-device-plugin", "device-plugin")]
 
@@ -54,21 +45,6 @@ def test_pod_monitors_scrape_the_port_the_programs_listen_on(overlay: str, tmp_p
         assert bind == ("0.0.0.0", ports[endpoint["port"]])  # every interface of the pod, on the named port
 
 
-def known_metric_names(tmp_path: Path) -> set[str]:
-    """Every sample name the webhook and the plugin expose (counters with _total, histograms with their series)."""
-    write_files(tmp_path, dev_bundle(datetime.datetime.now(datetime.UTC)))
-    inventory = Inventory(fake_gpus("1x8GiB", "node-a", "GiB"), "GiB", 4096)
-    ctx = Context(contract=Contract(), node_name="node-a", public_key=Ed25519PrivateKey.generate().public_key(),
-                  gpus={g.index: g for g in inventory.gpus}, healthy=inventory.healthy)
-    plugin = PluginMetrics()
-    collectors = [
-        WebhookMetrics().registry, plugin.registry, CertificateExpiry(str(tmp_path / "tls.crt")),
-        NodeCollector(inventory, ctx, list, plugin),
-    ]
-    suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum"), "gauge": ("",)}
-    return {family.name + suffix for c in collectors for family in c.collect() for suffix in suffixes[family.type]}
-
-
 @pytest.mark.parametrize("overlay", OVERLAYS)
 def test_the_dashboard_uses_only_metrics_that_exist(overlay: str, tmp_path: Path) -> None:
     text = (MANIFESTS / "monitoring" / "grafana-dashboard.json").read_text()
@@ -81,7 +57,16 @@ def test_the_dashboard_uses_only_metrics_that_exist(overlay: str, tmp_path: Path
     known = known_metric_names(tmp_path)
     exprs = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
     exprs += [v["query"] for v in dashboard["templating"]["list"] if v["type"] == "query"]
-    used = {name for expr in exprs for name in re.findall(r"gpushare_[a-z_]+", expr)}
+    used = used_metric_names(exprs)
     assert used and used <= known, sorted(used - known)
     ids = [p["id"] for p in dashboard["panels"]]
     assert len(ids) == len(set(ids))
+
+
+def test_the_dashboard_shows_every_metric_of_the_dra_driver(tmp_path: Path) -> None:
+    dashboard = json.loads((MANIFESTS / "monitoring" / "grafana-dashboard.json").read_text())
+    used = used_metric_names(t["expr"] for p in dashboard["panels"] for t in p.get("targets", []))
+    [registry] = product_registries(tmp_path)["dra-plugin"]
+    suffixes = {"counter": "_total", "gauge": ""}
+    driver = {f.name + suffixes[f.type] for f in registry.collect()} - {"gpushare_build_info"}
+    assert driver and driver <= used, sorted(driver - used)

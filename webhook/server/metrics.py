@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, mult
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from common.buildinfo import BuildInfo
 from common.metricsserver import MetricsServer as Listener
 from webhook.rules.problems import REASONS
 
@@ -66,6 +67,9 @@ class WebhookMetrics:
         self.workers.set(1)
         for endpoint in ENDPOINTS:  # every series exists from the start, so rate() sees the first review
             self.duration.labels(endpoint)
+            for operation in (*OPERATIONS, "unknown"):
+                for outcome in OUTCOMES:
+                    self.reviews.labels(endpoint, operation, outcome)
             for reason in REASONS:
                 self.denials.labels(endpoint, reason)
 
@@ -210,13 +214,14 @@ class CertificateExpiry(Collector):
 
 
 class MetricsServer:
-    """/metrics over plain HTTP in the arbiter: every worker's samples plus the certificate's expiry, served with
-    bounded threads and connections (common/metricsserver.py)."""
+    """/metrics over plain HTTP in the arbiter: every worker's samples plus the certificate's expiry and the build
+    info, served with bounded threads and connections (common/metricsserver.py)."""
 
     def __init__(self, bind: tuple[str, int], multiproc_dir: str, cert_path: str) -> None:
         self.registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(self.registry, path=multiproc_dir)  # type: ignore[no-untyped-call]
         self.registry.register(CertificateExpiry(cert_path))
+        self.registry.register(BuildInfo("webhook"))
         self._listener = Listener(bind, self.registry, name="webhook-metrics")
         self.port = self._listener.port
 

@@ -74,6 +74,11 @@ def test_serves_registration_and_prepare_over_the_sockets(started: DraPlugin, ap
     with grpc.insecure_channel(f"unix://{s.registration_path}") as channel:
         stub = pluginregistration_pb2_grpc.RegistrationStub(channel)  # type: ignore[no-untyped-call]
         info = stub.GetInfo(pluginregistration_pb2.InfoRequest(), timeout=30)
+        registry = started.metrics_registry()
+        for registered in (True, False):
+            stub.NotifyRegistrationStatus(pluginregistration_pb2.RegistrationStatus(plugin_registered=registered),
+                                          timeout=30)
+            assert registry.get_sample_value("gpushare_dra_registered") == int(registered)
     assert info == pluginregistration_pb2.PluginInfo(
         type="DRAPlugin", name=DRA_DRIVER, endpoint=s.socket_path, supported_versions=["v1.DRAPlugin"]
     )
@@ -101,6 +106,10 @@ def test_start_publishes_the_slice_and_counts_it(started: DraPlugin, api: FakeDr
     registry = started.metrics_registry()
     assert registry.get_sample_value("gpushare_dra_slice_writes_total") == 1
     assert registry.get_sample_value("gpushare_dra_prepared_claims") == 0
+    assert registry.get_sample_value("gpushare_dra_slices_published") == 1
+    assert registry.get_sample_value("gpushare_dra_registered") == 0  # the kubelet has not said so yet
+    assert [s.labels["program"] for f in registry.collect() for s in f.samples if s.name == "gpushare_build_info"] \
+        == ["dra-plugin"]
     assert started.metrics_server is not None and started.metrics_server.address[1] > 0
 
 
@@ -118,10 +127,14 @@ def test_keeper_recreates_a_deleted_slice_and_logs_once_per_change(
     assert keeper.step()
     assert {api.by_device()[n]["spec"]["pool"]["generation"] for n in DEVICES} == {2}
     assert api.by_device()[DEVICE]["spec"]["devices"][0]["attributes"]["index"] == {"int": 0}
+    published = started.metrics_registry()
+    assert published.get_sample_value("gpushare_dra_slices_published") == 1
     api.slice_failure = ApiServerError(f"could not list {POOL}: Connection refused")
     assert not keeper.step() and not keeper.step()
+    assert published.get_sample_value("gpushare_dra_slices_published") == 0
     api.slice_failure = None
     assert not keeper.step() and not keeper.step()
+    assert published.get_sample_value("gpushare_dra_slices_published") == 1
     lines = [r.getMessage() for r in caplog.records if r.name == "deviceplugin.dra.keeper"]
     assert lines == [
         f"The ResourceSlices of node {NODE} were missing (the kubelet deletes a driver's slices when it starts and "

@@ -20,6 +20,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from prometheus_client.parser import text_string_to_metric_families
 
+from common.buildinfo import installed_version
 from common.settings import SettingsError, metrics_address
 from contract import ASSIGNED, IDX, signing
 from tests.harness.pods import EXTENDER, KEY, PLUGIN, USER, Pod, annotate, container, placed, pod, review, stamped
@@ -151,7 +152,9 @@ def assert_traffic(s: Samples, times: int) -> None:
         (labels["endpoint"], labels["operation"], labels["outcome"]): v
         for (name, items), v in s.items() if name == "gpushare_webhook_reviews_total" and (labels := dict(items))
     }
-    assert reviews == {k: v * times for k, v in EXPECTED_REVIEWS.items()}
+    # Every endpoint, operation and outcome has its series from the start (rate() sees the first review).
+    assert len(reviews) == 2 * 3 * 4
+    assert {k: v for k, v in reviews.items() if v} == {k: v * times for k, v in EXPECTED_REVIEWS.items()}
     for reason in REASONS:
         assert value(s, "gpushare_webhook_denials_total", endpoint="validate", reason=reason) == \
             EXPECTED_DENIALS.get(reason, 0) * times, reason
@@ -251,6 +254,8 @@ def test_gunicorn_with_three_workers_serves_the_sum_of_all_of_them(tmp_path: Pat
             cert.not_valid_after_utc.timestamp()
         left = value(after, "gpushare_webhook_certificate_expires_in_seconds")
         assert 0 < left <= (cert.not_valid_after_utc - cert.not_valid_before_utc).total_seconds()
+        [build] = [dict(labels) for (name, labels), v in after.items() if name == "gpushare_build_info" and v == 1]
+        assert build["program"] == "webhook" and build["version"] == installed_version()
         rotated = hook.rotate()
         assert value(samples(hook.scrape()), "gpushare_webhook_certificate_expiry_timestamp_seconds") == \
             rotated.not_valid_after_utc.timestamp()

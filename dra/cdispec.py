@@ -6,9 +6,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from deviceplugin.delivery import CDI_KIND, CDI_VERSION, cdi_device_name, cdi_spec, device_nodes
-from deviceplugin.dra.claims import Share
-from deviceplugin.inventory import Gpu
+from dra.claims import Share
+from node.cdiedits import CDI_KIND, CDI_VERSION, cdi_device_name, cdi_spec, device_nodes
+from node.inventory import Gpu
 
 # CDI names of DRA devices start so; the device plugin's slots are 16 hex digits, so the two never meet.
 CLAIM_PREFIX = "dra-"

@@ -9,8 +9,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from deviceplugin.cdi import write_atomically
-from deviceplugin.dra.claims import ClaimRef, Share
+from dra.claims import ClaimRef, Share
+from node.cdi import write_atomically
 
 VERSION = 1
 FILE_NAME = "gpushare-dra-checkpoint.json"

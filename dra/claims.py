@@ -11,7 +11,7 @@ from contract.dra import MEMORY, gpu_index
 from contract.keys import DRA_DRIVER
 from contract.modes import Unit
 from contract.quantity import QuantityError, quantity_units
-from deviceplugin.inventory import Gpu
+from node.inventory import Gpu
 
 
 class ClaimError(Exception):

@@ -9,19 +9,19 @@ from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
 from contract.modes import Unit
-from deviceplugin import delivery
-from deviceplugin.cdi import CdiStore, ensure_file, present
-from deviceplugin.dra.cdispec import PreparedDevice, claim_cdi_spec, claim_slot, prepared_devices
-from deviceplugin.dra.checkpoint import Checkpoint, PreparedClaim
-from deviceplugin.dra.claims import ClaimError, ClaimRef, Share, checked, claim_shares
-from deviceplugin.inventory import Gpu, Inventory
+from dra.cdispec import PreparedDevice, claim_cdi_spec, claim_slot, prepared_devices
+from dra.checkpoint import Checkpoint, PreparedClaim
+from dra.claims import ClaimError, ClaimRef, Share, checked, claim_shares
+from node import cdiedits
+from node.cdi import CdiStore, ensure_file, present
+from node.inventory import Gpu, Inventory
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
 class ClaimSource(Protocol):
-    """Where claims are read: the API server (deviceplugin/dra/kube.py), or a fake in tests."""
+    """Where claims are read: the API server (dra/kube.py), or a fake in tests."""
 
     def get_claim(self, namespace: str, name: str) -> dict[str, Any]:
         """The ResourceClaim as the API server's JSON; raises with a message naming the claim when it cannot."""
@@ -73,7 +73,7 @@ class Driver:
         # A fake GPU has no device node: a file naming it shows containers what they got (as the device plugin's).
         gpu_files = {gpu.index: self._gpu_file(ref, gpu) for gpu in self.inventory.gpus
                      if gpu.index in used and gpu.minor is None}
-        spec = claim_cdi_spec(ref.uid, shares, self.inventory.gpus, present(delivery.CONTROL_DEVICES), gpu_files)
+        spec = claim_cdi_spec(ref.uid, shares, self.inventory.gpus, present(cdiedits.CONTROL_DEVICES), gpu_files)
         with self._lock:
             if ref.uid not in self._prepared:  # else a concurrent call prepared it meanwhile: keep that answer
                 self._commit(ref, tuple(shares), spec)
@@ -83,7 +83,7 @@ class Driver:
         return answer
 
     def _gpu_file(self, ref: ClaimRef, gpu: Gpu) -> str:
-        name, text = delivery.fake_gpu_file(gpu)
+        name, text = cdiedits.fake_gpu_file(gpu)
         path = os.path.join(self.fake_gpu_dir, name)
         return _written(ref, self.fake_gpu_dir, "GPUSHARE_FAKE_GPU_DIR", lambda: ensure_file(path, text))
 

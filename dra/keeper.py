@@ -9,9 +9,9 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from contract.modes import Unit
-from deviceplugin.apiserver import ApiServerError
-from deviceplugin.dra.slice import capacity_dropped, inventory_slices, pool_plan
-from deviceplugin.inventory import Inventory
+from dra.slice import capacity_dropped, inventory_slices, pool_plan
+from node.apiclient import ApiServerError
+from node.inventory import Inventory
 
 log = logging.getLogger(__name__)
 
@@ -21,7 +21,7 @@ CAPACITY_RETRY_STEPS = 30
 
 
 class SliceApi(Protocol):
-    """deviceplugin.dra.kube.KubeDra's slice methods (tests fake exactly these)."""
+    """dra.kube.KubeDra's slice methods (tests fake exactly these)."""
 
     def list_slices(self, node: str) -> list[dict[str, Any]]: ...
 
@@ -61,7 +61,7 @@ class SliceKeeper:
         self._thread = threading.Thread(target=self._loop, name="dra-slice", daemon=True)
 
     def wanted(self) -> list[dict[str, Any]]:
-        """The slices this node's GPUs make now: one per healthy GPU (deviceplugin.dra.slice.pool_slices)."""
+        """The slices this node's GPUs make now: one per healthy GPU (dra.slice.pool_slices)."""
         return inventory_slices(self.node, self.inventory, self.unit)
 
     def step(self) -> bool:

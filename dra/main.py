@@ -1,6 +1,6 @@
 """The `gpushare-dra-plugin` process: the DRA driver's wiring, its two sockets, the slice keeper and shutdown.
 
-Run it as a program (`gpushare-dra-plugin` or `python -m deviceplugin.dra.main`, settings from GPUSHARE_* env and
+Run it as a program (`gpushare-dra-plugin` or `python -m dra.main`, settings from GPUSHARE_* env and
 a few flags), or in-process:
 
     plugin = DraPlugin(settings)       # optional: kube=... (claims and slices), inventory=...
@@ -13,7 +13,6 @@ or `run(settings, stop_event)`, which starts, waits for the event and stops (ret
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import sys
@@ -27,30 +26,30 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from common import logsetup
 from common.settings import SettingsError
-from deviceplugin import lifecycle
-from deviceplugin.apiserver import ApiServerError, KubeApiServer
-from deviceplugin.cdi import CdiStore
-from deviceplugin.dra import settings as dra_settings
-from deviceplugin.dra.checkpoint import Checkpoint, CheckpointError
-from deviceplugin.dra.driver import ClaimSource, Driver
-from deviceplugin.dra.keeper import SliceApi, SliceKeeper
-from deviceplugin.dra.kube import KubeDra
-from deviceplugin.dra.servicer import DRAPluginServicer, RegistrationServicer, serve_plugin, serve_registration
-from deviceplugin.dra.settings import DRA_VARIABLES, DraSettings
-from deviceplugin.inventory import Inventory, InventoryError, XidWatcher, load_inventory
-from deviceplugin.metrics import MetricsServer
+from dra import settings as dra_settings
+from dra.checkpoint import Checkpoint, CheckpointError
+from dra.driver import ClaimSource, Driver
+from dra.keeper import SliceApi, SliceKeeper
+from dra.kube import KubeDra
+from dra.resourceapi import ResourceV1
+from dra.servicer import DRAPluginServicer, RegistrationServicer, serve_plugin, serve_registration
+from dra.settings import DRA_VARIABLES, DraSettings
+from node import lifecycle
+from node.apiclient import ApiServerError, KubeClient
+from node.cdi import CdiStore
+from node.inventory import Inventory, InventoryError, load_inventory
+from node.metrics import MetricsServer
+from node.xid import XidWatcher
 
 log = logging.getLogger(__name__)
 
-# A slice holds one device per GPU, not one per unit: the device plugin's GPUSHARE_MAX_DEVICES does not apply.
-NO_DEVICE_LIMIT = sys.maxsize
 START_FAILURES = (InventoryError, CheckpointError, SettingsError, ApiServerError)
 
 
 
 
 class DraApi(ClaimSource, SliceApi, Protocol):
-    """The API server as the driver sees it: deviceplugin.dra.kube.KubeDra, or a fake in tests."""
+    """The API server as the driver sees it: dra.kube.KubeDra, or a fake in tests."""
 
 
 class DraPlugin:
@@ -67,7 +66,7 @@ class DraPlugin:
         self._xid: XidWatcher | None = None
         self.registration: RegistrationServicer | None = None
         self.metrics_server: MetricsServer | None = None
-        self._own_api: KubeApiServer | None = None
+        self._own_api: KubeClient | None = None
         self._servicer: DRAPluginServicer | None = None
         self._servers: list[grpc.Server] = []
         # The socket files this driver created (device, inode, ctime) by path: stop() removes only those, never a
@@ -77,7 +76,7 @@ class DraPlugin:
     def start(self) -> None:
         s, n = self.settings, self.settings.node
         if self.inventory is None:
-            self.inventory = load_inventory(n.fake_gpus, n.node_name, n.contract.unit, NO_DEVICE_LIMIT)
+            self.inventory = load_inventory(n.fake_gpus, n.node_name, n.contract.unit)
         if not self.inventory.gpus:
             raise InventoryError(f"node {n.node_name} has no GPU, so its ResourceSlice would offer nothing; run the "
                                  "DRA driver only on GPU nodes")
@@ -85,8 +84,8 @@ class DraPlugin:
                                ("GPUSHARE_DRA_REGISTRY_DIR", s.registry_dir)):
             _make_directory(variable, path)
         if self.kube is None:
-            self._own_api = KubeApiServer(n.node_name, n.kubeconfig, s.timeout_seconds)  # no pod watch: not started
-            self.kube = KubeDra(self._own_api)
+            self._own_api = KubeClient(n.kubeconfig, s.timeout_seconds)
+            self.kube = KubeDra(ResourceV1(self._own_api))
         self.keeper = SliceKeeper(self.kube, n.node_name, self.inventory, n.contract.unit, s.resync_seconds)
         # Loads the checkpoint: a corrupt one stops the start (CheckpointError), before anything is served.
         self.driver = Driver(n.node_name, self.inventory, n.contract.unit, source=self.kube,
@@ -138,27 +137,17 @@ class DraPlugin:
         self._servers.clear()
         if self._servicer is not None:
             self._servicer.close()
-        notes = [self._remove_socket(path, socket) for path, socket in self._sockets.items()]
+        notes = [lifecycle.remove_own_socket(path, socket) for path, socket in self._sockets.items()]
         if self.metrics_server is not None:
             self.metrics_server.stop()
             self.metrics_server = None
         if self._own_api is not None:
-            self._own_api.stop()
+            self._own_api.close()
             self._own_api = None
         # After a failed start the one line saying why is enough; this one is for a driver that served.
         log.log(logging.INFO if notes else logging.DEBUG, "gpushare DRA driver stopped; %s",
                 "; ".join(notes) or "it had not created its sockets")
         self._sockets.clear()
-
-    @staticmethod
-    def _remove_socket(path: str, socket: lifecycle.SocketId) -> str:
-        current = lifecycle.socket_id(path)
-        if current is not None and current != socket:
-            return f"the socket {path} is another process's now, so it was left in place"
-        if current is not None:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
-        return f"socket {path} removed"  # by us, or by the gRPC server as it stopped
 
 
 def _make_directory(variable: str, path: str) -> None:
@@ -198,7 +187,7 @@ FLAGS = {
 
 
 def serve_until_signalled(settings: DraSettings) -> int:
-    """The driver in a thread until SIGTERM or SIGINT, stopped within GPUSHARE_SHUTDOWN_SECONDS (lifecycle.py)."""
+    """The driver in a thread until SIGTERM or SIGINT, stopped within GPUSHARE_SHUTDOWN_SECONDS (node/lifecycle.py)."""
     return lifecycle.serve_until_signalled(lambda stop: run(settings, stop), settings.node.shutdown_seconds,
                                            "DRA driver", log)
 

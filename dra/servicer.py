@@ -15,11 +15,11 @@ from typing import Protocol, TypeVar
 import grpc
 
 from contract.keys import DRA_DRIVER
-from deviceplugin import deadline
-from deviceplugin.dra.api import dra_pb2 as pb
-from deviceplugin.dra.api import dra_pb2_grpc, pluginregistration_pb2, pluginregistration_pb2_grpc
-from deviceplugin.dra.cdispec import PreparedDevice
-from deviceplugin.dra.claims import ClaimError, ClaimRef
+from dra.api import dra_pb2 as pb
+from dra.api import dra_pb2_grpc, pluginregistration_pb2, pluginregistration_pb2_grpc
+from dra.cdispec import PreparedDevice
+from dra.claims import ClaimError, ClaimRef
+from node import deadline, lifecycle
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -60,7 +60,7 @@ class DRAPluginServicer(dra_pb2_grpc.DRAPluginServicer):
     def _each(self, verb: str, refs: Sequence[ClaimRef], work: Callable[[ClaimRef], T],
               remaining: float | None = None) -> list[tuple[T | None, str]]:
         """Each claim's answer or error; the deadline runs from the call's start and bounds every request the work
-        makes (deviceplugin.deadline), within what is left of the caller's own (`remaining`, seconds), so the answer
+        makes (node/deadline.py), within what is left of the caller's own (`remaining`, seconds), so the answer
         comes before the kubelet gives up on it."""
         budget = self.timeout if remaining is None else min(self.timeout, remaining - DEADLINE_MARGIN)
         if budget <= 0:
@@ -144,12 +144,7 @@ class RegistrationServicer(pluginregistration_pb2_grpc.RegistrationServicer):
 def _serve(socket_path: str, add: Callable[[grpc.Server], None], handlers: int = 8) -> grpc.Server:
     with contextlib.suppress(FileNotFoundError):
         os.unlink(socket_path)  # a stale socket from an earlier run
-    server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=handlers, thread_name_prefix="dra-grpc"),
-                         maximum_concurrent_rpcs=handlers)
-    add(server)
-    server.add_insecure_port("unix://" + socket_path)
-    server.start()
-    return server
+    return lifecycle.serve_unix(socket_path, add, handlers, "dra-grpc", max_calls=handlers)
 
 
 def serve_plugin(servicer: DRAPluginServicer, socket_path: str, handlers: int = CALL_HANDLERS) -> grpc.Server:

@@ -1,5 +1,4 @@
-"""DRA driver settings: the device plugin's node settings and the driver's own GPUSHARE_DRA_* variables, checked at
-start (pure)."""
+"""DRA driver settings: the node settings and the driver's own GPUSHARE_DRA_* variables, checked at start (pure)."""
 
 from __future__ import annotations
 
@@ -10,7 +9,7 @@ from dataclasses import dataclass
 from common.cli import Variable
 from common.settings import SettingsError, env_parsed, env_value
 from contract.keys import DRA_DRIVER
-from deviceplugin.settings import NODE_VARIABLES, NodeSettings, check_socket_path, node_settings, positive_float
+from node.settings import NODE_VARIABLES, NodeSettings, check_socket_path, node_settings, positive_float
 
 # The kubelet's conventional places (k8s.io/dynamic-resource-allocation kubeletplugin/draplugin.go:48-50).
 DEFAULT_PLUGIN_DIR = f"/var/lib/kubelet/plugins/{DRA_DRIVER}"

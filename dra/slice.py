@@ -10,7 +10,7 @@ from contract.dra import DEVICE_PREFIX, MEMORY, device_name
 from contract.keys import DRA_DRIVER
 from contract.modes import Unit
 from contract.quantity import QuantityError, quantity_bytes, units_quantity
-from deviceplugin.inventory import Gpu, Inventory
+from node.inventory import Gpu, Inventory
 
 API_VERSION = "resource.k8s.io/v1"
 _NAME_MAX = 253  # metadata.name: a DNS subdomain

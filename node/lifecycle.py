@@ -1,8 +1,11 @@
-"""How a node program runs as a process: started, serving until SIGTERM or SIGINT, stopped within a bound, and one
-line with exit status 2 when it cannot start (the device plugin and the DRA driver alike)."""
+"""How a node program runs as a process: started, serving gRPC on unix sockets until SIGTERM or SIGINT, stopped
+within a bound with its own sockets removed, and one line with exit status 2 when it cannot start (the device plugin
+and the DRA driver alike)."""
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
 import faulthandler
 import logging
 import os
@@ -12,6 +15,8 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from types import FrameType
 from typing import Protocol, TypeVar
+
+import grpc
 
 from common import cli, heap
 from common.settings import SettingsError
@@ -38,6 +43,33 @@ def socket_id(path: str) -> SocketId | None:
     except OSError:
         return None
     return (st.st_dev, st.st_ino, st.st_ctime_ns)
+
+
+def serve_unix(socket_path: str, add: Callable[[grpc.Server], None], threads: int, name: str,
+               max_calls: int | None = None) -> grpc.Server:
+    """Serve the services `add` puts on a gRPC server on the unix socket at `socket_path`, with `threads` handler
+    threads (named after `name`) and at most `max_calls` calls at once (None: no bound). A file already at the path
+    is the caller's to judge: it may be another process's socket."""
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=threads, thread_name_prefix=name)
+    server = grpc.server(pool, maximum_concurrent_rpcs=max_calls)
+    add(server)
+    # "unix:PATH", not "unix://PATH": grpcio (1.85) refuses a server address "unix://" + a path of 106 or 107 bytes,
+    # which the kubelet and a unix socket address (107 bytes, node.settings.UNIX_PATH_MAX) take.
+    server.add_insecure_port("unix:" + socket_path)
+    server.start()
+    return server
+
+
+def remove_own_socket(path: str, made: SocketId) -> str:
+    """Remove the socket this process made at `path` (`made`: its socket_id then), never one another process put
+    there since; a few words on what was done, for the stop's log line."""
+    current = socket_id(path)
+    if current is not None and current != made:
+        return f"the socket {path} is another process's now, so it was left in place"
+    if current is not None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+    return f"socket {path} removed"  # by us, or by the gRPC server as it stopped
 
 
 def run(program: Program, stop_event: threading.Event, failures: tuple[type[BaseException], ...], what: str,

@@ -1,9 +1,9 @@
 from __future__ import annotations
 
 from contract.keys import ENV_CONTAINER, ENV_DEV, ENV_IDX, ENV_POD, ENV_VISIBLE
-from deviceplugin.delivery import FAKE_GPU_MOUNT
-from deviceplugin.dra.cdispec import PreparedDevice, claim_cdi_spec, claim_slot, prepared_devices
-from deviceplugin.dra.claims import Share
+from dra.cdispec import PreparedDevice, claim_cdi_spec, claim_slot, prepared_devices
+from dra.claims import Share
+from node.cdiedits import FAKE_GPU_MOUNT
 from tests.harness.dra.claims import GPUS, NODE, UID
 
 SHARES = [Share("a", NODE, "gpu-0", 0, 4, "s-a"), Share("b", NODE, "gpu-1", 1, 2, "s-b")]

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from deviceplugin.dra.checkpoint import FILE_NAME, Checkpoint, CheckpointError, PreparedClaim, encode
-from deviceplugin.dra.claims import ClaimRef, Share
+from dra.checkpoint import FILE_NAME, Checkpoint, CheckpointError, PreparedClaim, encode
+from dra.claims import ClaimRef, Share
 from tests.harness.dra.claims import NODE, REF
 
 PREPARED = {
@@ -54,7 +54,7 @@ def test_corrupt_file_is_refused_naming_file_and_fix(tmp_path: Path, text: str, 
 
 
 def test_schema_is_checked_under_a_matching_checksum(tmp_path: Path) -> None:
-    from deviceplugin.dra import checkpoint
+    from dra import checkpoint
 
     claims = [{"namespace": "n", "name": "c", "uid": "u", "shares": [{"request": "a"}]}]
     text = json.dumps({"version": 1, "checksum": checkpoint._checksum(claims), "claims": claims})

@@ -5,7 +5,7 @@ from typing import Any
 import pytest
 
 from contract.modes import Unit
-from deviceplugin.dra.claims import ClaimError, Share, claim_shares
+from dra.claims import ClaimError, Share, claim_shares
 from tests.harness.dra.claims import GPUS, NODE, REF, claim, result
 
 

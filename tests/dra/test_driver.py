@@ -5,18 +5,18 @@ from pathlib import Path
 
 import pytest
 
-from deviceplugin.cdi import CdiStore
-from deviceplugin.dra.cdispec import PreparedDevice
-from deviceplugin.dra.checkpoint import FILE_NAME, Checkpoint, CheckpointError
-from deviceplugin.dra.claims import ClaimError, Share
-from deviceplugin.dra.driver import Driver
-from deviceplugin.inventory import Inventory
+from dra.cdispec import PreparedDevice
+from dra.checkpoint import FILE_NAME, Checkpoint, CheckpointError
+from dra.claims import ClaimError, Share
+from dra.driver import Driver
+from node.cdi import CdiStore
+from node.inventory import Inventory
 from tests.harness.dra.claims import GPUS, NODE, REF, UID, claim, result
 from tests.harness.dra.fakes import FakeClaims
 
 
 def make_driver(root: Path, source: FakeClaims) -> Driver:
-    return Driver(NODE, Inventory(GPUS, "GiB", 4096), "GiB", source=source, checkpoint=Checkpoint(str(root / "state")),
+    return Driver(NODE, Inventory(GPUS, "GiB"), "GiB", source=source, checkpoint=Checkpoint(str(root / "state")),
                   cdi=CdiStore(str(root / "cdi")), fake_gpu_dir=str(root / "fake"))
 
 

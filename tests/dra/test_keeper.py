@@ -8,10 +8,10 @@ import logging
 
 import pytest
 
-from deviceplugin.apiserver import Conflict
-from deviceplugin.dra.keeper import CAPACITY_RETRY_STEPS, SliceKeeper
-from deviceplugin.dra.slice import slice_prefix
-from deviceplugin.inventory import Inventory
+from dra.keeper import CAPACITY_RETRY_STEPS, SliceKeeper
+from dra.slice import slice_prefix
+from node.apiclient import Conflict
+from node.inventory import Inventory
 from tests.harness.dra.claims import GPUS, NODE
 from tests.harness.dra.fakes import FakeDraApi
 
@@ -19,11 +19,11 @@ DEVICES = ["gpu-0", "gpu-1"]
 
 
 def _keeper(api: FakeDraApi) -> SliceKeeper:
-    return SliceKeeper(api, NODE, Inventory(GPUS, "GiB", 4096), "GiB", interval=10)
+    return SliceKeeper(api, NODE, Inventory(GPUS, "GiB"), "GiB", interval=10)
 
 
 def _lines(caplog: pytest.LogCaptureFixture) -> list[tuple[int, str]]:
-    return [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "deviceplugin.dra.keeper"]
+    return [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "dra.keeper"]
 
 
 def _device(api: FakeDraApi, name: str) -> dict[str, object]:
@@ -32,7 +32,7 @@ def _device(api: FakeDraApi, name: str) -> dict[str, object]:
 
 
 def test_a_gate_that_is_off_is_one_error_naming_it_and_no_rewrite_loop(caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="deviceplugin.dra.keeper")
+    caplog.set_level(logging.INFO, logger="dra.keeper")
     api = FakeDraApi()
     api.consumable_capacity = False
     keeper = _keeper(api)
@@ -64,7 +64,7 @@ def test_a_gate_that_is_off_is_one_error_naming_it_and_no_rewrite_loop(caplog: p
 
 
 def test_the_pool_gets_its_capacity_once_the_gate_is_on(caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="deviceplugin.dra.keeper")
+    caplog.set_level(logging.INFO, logger="dra.keeper")
     api = FakeDraApi()
     api.consumable_capacity = False
     keeper = _keeper(api)
@@ -113,7 +113,7 @@ def test_a_slice_named_as_ours_keeps_no_gpu_of_this_node_unpublished() -> None:
 
 
 def test_one_refused_write_does_not_keep_the_other_gpus_unpublished(caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO, logger="deviceplugin.dra.keeper")
+    caplog.set_level(logging.INFO, logger="dra.keeper")
     api = FakeDraApi()
     refusal = f"could not create ResourceSlice {slice_prefix(NODE, 0)}<generated>: it changed meanwhile (409 Conflict)"
     api.refused["gpu-0"] = Conflict(refusal)

@@ -1,38 +1,47 @@
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
 
-from deviceplugin.dra.claims import ClaimError
-from deviceplugin.dra.kube import KubeDra
-from deviceplugin.dra.slice import pool_slices
+from dra.claims import ClaimError
+from dra.kube import KubeDra
+from dra.slice import pool_slices
 from tests.harness.dra.claims import GPUS, NODE, claim
 
 
 class FakeResourceApi:
-    """KubeApiServer.resource_v1 over a dict of objects by name, recording each call with its arguments."""
+    """dra.resourceapi.ResourceV1 over a dict of objects by name, recording each call with its arguments."""
 
     def __init__(self, *objects: dict[str, Any]) -> None:
         self.objects = {o["metadata"]["name"]: o for o in objects}
-        self.calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
-        self.whats: list[str] = []
+        self.calls: list[tuple[str, tuple[Any, ...]]] = []
 
-    def resource_v1(self, what: str, operation: str, *args: Any, **kwargs: Any) -> dict[str, Any] | None:
-        self.calls.append((operation, args[:1] if operation.startswith(("read_", "delete_")) else (), kwargs))
-        if operation.startswith("read_"):
-            return self.objects.get(args[0])
-        if operation.startswith("list_"):
-            return {"items": list(self.objects.values())}
-        if operation.startswith("delete_"):
-            self.objects.pop(args[0], None)
-            return None
-        body = dict(args[-1])
+    def read_claim(self, namespace: str, name: str) -> dict[str, Any] | None:
+        self.calls.append(("read_claim", (namespace, name)))
+        return self.objects.get(name)
+
+    def list_slices(self, node: str, driver: str) -> dict[str, Any] | None:
+        self.calls.append(("list_slices", (node, driver)))
+        return {"items": list(self.objects.values())}
+
+    def create_slice(self, body: Mapping[str, Any]) -> dict[str, Any] | None:
+        self.calls.append(("create_slice", ()))
         metadata = body["metadata"]
-        name = metadata.get("name") or f"{metadata['generateName']}{len(self.objects):05d}"
-        body["metadata"] = {**metadata, "name": name}
-        self.objects[name] = body
-        self.whats.append(what)
+        return self._store({**body, "metadata": {**metadata, "name": f"{metadata['generateName']}"
+                                                 f"{len(self.objects):05d}"}})
+
+    def replace_slice(self, name: str, body: Mapping[str, Any]) -> dict[str, Any] | None:
+        self.calls.append(("replace_slice", (name,)))
+        return self._store(dict(body))
+
+    def delete_slice(self, name: str) -> None:
+        self.calls.append(("delete_slice", (name,)))
+        self.objects.pop(name, None)
+
+    def _store(self, body: dict[str, Any]) -> dict[str, Any]:
+        self.objects[body["metadata"]["name"]] = body
         return body
 
 
@@ -57,10 +66,8 @@ def test_slices_are_created_by_generate_name_listed_by_node_and_driver_replaced_
     assert [s["metadata"]["name"] for s in kube.list_slices(NODE)] == [created["metadata"]["name"], "stored-gpu-1"]
     kube.delete_slice(created["metadata"]["name"])
     assert api.calls == [
-        ("create_resource_slice", (), {}),
-        ("replace_resource_slice", (), {}),
-        ("list_resource_slice", (), {"field_selector": f"spec.nodeName={NODE},spec.driver=gpushare.io"}),
-        ("delete_resource_slice", (created["metadata"]["name"],), {}),
+        ("create_slice", ()),
+        ("replace_slice", ("stored-gpu-1",)),
+        ("list_slices", (NODE, "gpushare.io")),
+        ("delete_slice", (created["metadata"]["name"],)),
     ]
-    assert api.whats == [f"create ResourceSlice {NODE}-gpushare.io-gpu-0-<generated>",
-                         "update ResourceSlice stored-gpu-1"]

@@ -18,14 +18,14 @@ import grpc
 import pytest
 
 from contract.keys import DRA_DRIVER
-from deviceplugin.apiserver import ApiServerError
-from deviceplugin.dra.api import dra_pb2 as pb
-from deviceplugin.dra.api import dra_pb2_grpc, pluginregistration_pb2, pluginregistration_pb2_grpc
-from deviceplugin.dra.checkpoint import FILE_NAME
-from deviceplugin.dra.keeper import SliceKeeper
-from deviceplugin.dra.main import DraPlugin, main, run
-from deviceplugin.dra.settings import DraSettings, dra_settings_from
-from deviceplugin.inventory import Inventory
+from dra.api import dra_pb2 as pb
+from dra.api import dra_pb2_grpc, pluginregistration_pb2, pluginregistration_pb2_grpc
+from dra.checkpoint import FILE_NAME
+from dra.keeper import SliceKeeper
+from dra.main import DraPlugin, main, run
+from dra.settings import DraSettings, dra_settings_from
+from node.apiclient import ApiServerError
+from node.inventory import Inventory
 from tests.harness.dra.claims import GPUS, NODE, REF, UID, claim, result
 from tests.harness.dra.fakes import FakeDraApi
 
@@ -109,7 +109,7 @@ def test_keeper_recreates_a_deleted_slice_and_logs_once_per_change(
 ) -> None:
     keeper = started.keeper
     assert keeper is not None
-    caplog.set_level(logging.INFO, logger="deviceplugin.dra.keeper")
+    caplog.set_level(logging.INFO, logger="dra.keeper")
     assert not keeper.step()  # current: one read, no write, nothing to say (start said it)
     api.slices.clear()  # what the kubelet does at its start, and 30 s after the driver disconnects
     assert keeper.step() and keeper.step() is False
@@ -122,7 +122,7 @@ def test_keeper_recreates_a_deleted_slice_and_logs_once_per_change(
     assert not keeper.step() and not keeper.step()
     api.slice_failure = None
     assert not keeper.step() and not keeper.step()
-    lines = [r.getMessage() for r in caplog.records if r.name == "deviceplugin.dra.keeper"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "dra.keeper"]
     assert lines == [
         f"The ResourceSlices of node {NODE} were missing (the kubelet deletes a driver's slices when it starts and "
         "when the driver disconnects); published 2, deleted 0.",
@@ -149,7 +149,7 @@ def test_keeper_thread_steps_until_stopped_and_outlives_a_bug(caplog: pytest.Log
             return super().list_slices(node)
 
     api = Api()
-    keeper = SliceKeeper(api, NODE, Inventory(GPUS, "GiB", 4096), "GiB", interval=0.001)
+    keeper = SliceKeeper(api, NODE, Inventory(GPUS, "GiB"), "GiB", interval=0.001)
     keeper.start()
     try:
         assert stepped.wait(timeout=30)
@@ -208,7 +208,7 @@ def test_start_refusals_exit_2_in_one_line_and_serve_nothing(
         os.makedirs(settings.state_dir)
         Path(settings.state_dir, FILE_NAME).write_text("not json")
     plugin = DraPlugin(settings, kube=None if case == "no credentials" else api,
-                       inventory=Inventory((), "GiB", 4096) if case == "no GPUs" else None)
+                       inventory=Inventory((), "GiB") if case == "no GPUs" else None)
     os.makedirs(settings.plugin_dir, exist_ok=True)
     Path(settings.socket_path).write_bytes(b"")  # another driver's socket: a failed start leaves it alone
     assert run(settings, threading.Event(), plugin) == 2
@@ -269,7 +269,7 @@ def test_the_process_serves_until_sigterm_then_removes_its_sockets(tmp: Path) ->
 def test_a_health_change_wakes_the_keeper_before_its_interval() -> None:
     """The XID watcher's callback: the keeper steps now, not an interval (an hour here) later, and the unhealthy
     GPU's slice is gone."""
-    inventory = Inventory(GPUS, "GiB", 4096)
+    inventory = Inventory(GPUS, "GiB")
     api = FakeDraApi()
     keeper = SliceKeeper(api, NODE, inventory, "GiB", interval=3600)
     keeper.step()

@@ -12,19 +12,19 @@ import grpc
 import pytest
 
 from contract.keys import DRA_DRIVER
-from deviceplugin.cdi import CdiStore
-from deviceplugin.dra.api import dra_pb2 as pb
-from deviceplugin.dra.api import dra_pb2_grpc, pluginregistration_pb2, pluginregistration_pb2_grpc
-from deviceplugin.dra.checkpoint import Checkpoint
-from deviceplugin.dra.driver import Driver
-from deviceplugin.dra.servicer import (
+from dra.api import dra_pb2 as pb
+from dra.api import dra_pb2_grpc, pluginregistration_pb2, pluginregistration_pb2_grpc
+from dra.checkpoint import Checkpoint
+from dra.driver import Driver
+from dra.servicer import (
     DEADLINE_MARGIN,
     DRAPluginServicer,
     RegistrationServicer,
     serve_plugin,
     serve_registration,
 )
-from deviceplugin.inventory import Inventory
+from node.cdi import CdiStore
+from node.inventory import Inventory
 from tests.harness.dra.claims import GPUS, NODE, REF, UID, claim, result
 from tests.harness.dra.fakes import FakeClaims
 
@@ -42,7 +42,7 @@ class Served:
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[Served]:
     source = FakeClaims(claim(result("gpu-0", "4Gi", request="a"), result("gpu-1", "2Gi", request="b")))
-    driver = Driver(NODE, Inventory(GPUS, "GiB", 4096), "GiB", source=source,
+    driver = Driver(NODE, Inventory(GPUS, "GiB"), "GiB", source=source,
                     checkpoint=Checkpoint(str(tmp_path / "state")), cdi=CdiStore(str(tmp_path / "cdi")),
                     fake_gpu_dir=str(tmp_path / "fake"))
     servicer = DRAPluginServicer(driver, timeout=TIMEOUT)
@@ -147,7 +147,7 @@ def test_a_call_is_answered_within_its_own_deadline(tmp_path: Path) -> None:
     """The kubelet's deadline, not only the driver's timeout, bounds a call: the answer comes before it passes."""
     source = FakeClaims(claim(result("gpu-0", "4Gi", request="a")))
     source.hang = threading.Event()
-    driver = Driver(NODE, Inventory(GPUS, "GiB", 4096), "GiB", source=source,
+    driver = Driver(NODE, Inventory(GPUS, "GiB"), "GiB", source=source,
                     checkpoint=Checkpoint(str(tmp_path / "state")), cdi=CdiStore(str(tmp_path / "cdi")),
                     fake_gpu_dir=str(tmp_path / "fake"))
     servicer = DRAPluginServicer(driver, timeout=30)

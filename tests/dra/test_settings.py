@@ -8,16 +8,17 @@ import pytest
 from common.cli import Variable
 from common.settings import SettingsError
 from deviceplugin import settings as plugin_settings
-from deviceplugin.dra import settings
-from deviceplugin.dra.main import FLAGS
-from deviceplugin.dra.settings import DRA_VARIABLES, dra_settings_from
+from dra import settings
+from dra.main import FLAGS
+from dra.settings import DRA_VARIABLES, dra_settings_from
+from node.settings import node_settings
 
 BASE = {"GPUSHARE_NODE_NAME": "node-a"}
 
 
 def test_defaults_are_the_kubelets_places() -> None:
     s = dra_settings_from(BASE)
-    assert s.node == plugin_settings.node_settings(BASE)  # read as the device plugin reads them
+    assert s.node == node_settings(BASE)  # read as the device plugin reads them
     assert s.socket_path == "/var/lib/kubelet/plugins/gpushare.io/dra.sock"
     assert s.registration_path == "/var/lib/kubelet/plugins_registry/gpushare.io-reg.sock"
     assert (s.state_dir, s.timeout_seconds, s.resync_seconds) == ("/var/lib/gpushare/dra", 20.0, 10.0)
@@ -73,7 +74,7 @@ def test_a_socket_path_of_107_bytes_is_accepted() -> None:
 
 def test_help_table_names_every_variable_read() -> None:
     read = set(re.findall(r"GPUSHARE_[A-Z_]+", inspect.getsource(settings.dra_settings_from)))
-    read |= set(re.findall(r"GPUSHARE_[A-Z_]+", inspect.getsource(plugin_settings.node_settings)))
+    read |= set(re.findall(r"GPUSHARE_[A-Z_]+", inspect.getsource(node_settings)))
     read |= set(FLAGS.values())
     assert read <= {v.name for v in DRA_VARIABLES}
 

@@ -7,7 +7,7 @@ import pytest
 from contract.dra import gpu_index
 from contract.keys import DRA_DRIVER
 from contract.modes import Unit
-from deviceplugin.dra.slice import (
+from dra.slice import (
     capacity_dropped,
     inventory_slices,
     pool_plan,
@@ -15,7 +15,7 @@ from deviceplugin.dra.slice import (
     slice_prefix,
     without_consumable_capacity,
 )
-from deviceplugin.inventory import Gpu, Inventory
+from node.inventory import Gpu, Inventory
 from tests.harness.dra.claims import GPUS, NODE
 
 
@@ -47,7 +47,7 @@ def test_one_slice_per_gpu_with_its_memory_capacity(unit: Unit, memory: int, val
 
 
 def test_unhealthy_gpu_is_left_out() -> None:
-    inventory = Inventory(GPUS, "GiB", 4096)
+    inventory = Inventory(GPUS, "GiB")
     inventory.set_health(0, False)
     slices = inventory_slices(NODE, inventory, "GiB")
     assert [d["name"] for s in slices for d in s["spec"]["devices"]] == ["gpu-1"]

@@ -19,10 +19,10 @@ from dataclasses import asdict
 import pytest
 
 from contract.keys import DRA_DRIVER
-from deviceplugin.inventory import fake_gpus
 from e2e import gpushare, install
 from e2e.cluster import Cluster
 from e2e.kube import Kubectl
+from node.inventory import fake_gpus
 from tests.harness.cluster import dra
 from tests.harness.cluster import workloads as w
 from tests.install.test_install import _ours, _ready, assert_nothing_of_ours_left

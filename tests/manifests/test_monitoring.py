@@ -15,9 +15,10 @@ from certs.build import dev_bundle
 from certs.cli import write_files
 from common.settings import metrics_address
 from contract import Contract
-from deviceplugin.inventory import Inventory, fake_gpus
+from deviceplugin.devices import UnitInventory
 from deviceplugin.metrics import NodeCollector, PluginMetrics
 from deviceplugin.trust import Context
+from node.inventory import fake_gpus
 from tests.harness.manifests.render import (
     MANIFESTS,
     NAMESPACE,
@@ -57,7 +58,7 @@ def test_pod_monitors_scrape_the_port_the_programs_listen_on(overlay: str, tmp_p
 def known_metric_names(tmp_path: Path) -> set[str]:
     """Every sample name the webhook and the plugin expose (counters with _total, histograms with their series)."""
     write_files(tmp_path, dev_bundle(datetime.datetime.now(datetime.UTC)))
-    inventory = Inventory(fake_gpus("1x8GiB", "node-a", "GiB"), "GiB", 4096)
+    inventory = UnitInventory(fake_gpus("1x8GiB", "node-a", "GiB"), "GiB", 4096)
     ctx = Context(contract=Contract(), node_name="node-a", public_key=Ed25519PrivateKey.generate().public_key(),
                   gpus={g.index: g for g in inventory.gpus}, healthy=inventory.healthy)
     plugin = PluginMetrics()

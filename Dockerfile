@@ -16,7 +16,9 @@ COPY pyproject.toml README.md LICENSE gunicorn.conf.py /app/
 COPY common /app/common
 COPY contract /app/contract
 COPY webhook /app/webhook
+COPY node /app/node
 COPY deviceplugin /app/deviceplugin
+COPY dra /app/dra
 COPY certs /app/certs
 COPY kubectlplugin /app/kubectlplugin
 # The project lives at /app (webhook.server.serve finds gunicorn.conf.py there, beside the webhook package); the

@@ -33,10 +33,11 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from common import heap
 from contract import ASSIGNED, Allocation, ContainerSlot, Contract
 from deviceplugin.api import deviceplugin_pb2 as pb
-from deviceplugin.inventory import fake_gpus
+from deviceplugin.devices import device_ids
 from deviceplugin.main import Plugin
 from deviceplugin.resolve import slot_of
 from deviceplugin.settings import settings_from
+from node.inventory import fake_gpus
 from tests.harness.apiserver.client import SimClient
 from tests.harness.kubelet.scripted import TestKubelet
 from tests.harness.pods import admitted, assigned, unit_pod
@@ -144,7 +145,7 @@ class Node:
         self.kubelet.wait_registrations(1)
         self.stub = self.kubelet.plugin()
         self.kubelet.wait_lists(1)
-        self.free = {g.index: list(g.device_ids()) for g in self.gpus}
+        self.free = {g.index: list(device_ids(g)) for g in self.gpus}
         self.count = 0
 
     def stop(self) -> None:

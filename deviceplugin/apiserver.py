@@ -1,6 +1,7 @@
 """The API server, seen by the plugin: a watch cache of this node's pods, fresh reads, patches and Events.
 
-The only module that imports the `kubernetes` client. Pods are plain dicts in the API's own JSON shape.
+Its requests go through node.apiclient.KubeClient, which owns the `kubernetes` client. Pods are plain dicts in the
+API's own JSON shape.
 """
 
 from __future__ import annotations
@@ -8,24 +9,15 @@ from __future__ import annotations
 import datetime
 import json
 import logging
-import re
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from deviceplugin import deadline
+from node.apiclient import ApiServerError, KubeClient, NotFound, describe
 
 log = logging.getLogger(__name__)
 
 COMPONENT = "gpushare-device-plugin"
-
-
-class ApiServerError(Exception):
-    """The API server could not be reached or refused a request; the text says which and why."""
-
-
-class Conflict(ApiServerError):
-    """The object changed since it was read (HTTP 409): read it again and retry."""
 
 
 class PodListener(Protocol):
@@ -70,19 +62,6 @@ class ApiServer(Protocol):
     def patch_node_capacity(self, capacity: Mapping[str, str]) -> None: ...
 
 
-def describe(exc: BaseException) -> str:
-    """An API client failure in a few words: urllib3 wraps the cause (MaxRetryError.reason) in long text."""
-    status = getattr(exc, "status", None)
-    if isinstance(status, int) and hasattr(exc, "body"):  # the client's ApiException: several lines with headers
-        body = " ".join(str(getattr(exc, "body", "") or "").split())[:300]
-        return f"HTTP {status} {getattr(exc, 'reason', '')}: {body}".rstrip(": ")
-    reason = getattr(exc, "reason", None)
-    if isinstance(reason, BaseException):
-        exc = reason
-    text = re.sub(r"^\w+\([^)]*\): ", "", str(exc))  # "HTTPSConnection(host='h', port=1): Failed to ..."
-    return " ".join(text.split()) or type(exc).__name__
-
-
 def _now() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -112,26 +91,10 @@ class KubeApiServer:
     """ApiServer over the kubernetes client: in-cluster config, or a kubeconfig file (GPUSHARE_KUBECONFIG)."""
 
     def __init__(self, node_name: str, kubeconfig: str, timeout: float) -> None:
-        from kubernetes import client, config
-        from kubernetes.config.config_exception import ConfigException
-        from yaml import YAMLError
-
-        configuration = client.Configuration()
-        try:
-            if kubeconfig:
-                config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)  # type: ignore[no-untyped-call]
-            else:
-                config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-        except (ConfigException, OSError, ValueError, YAMLError) as exc:
-            where = f"GPUSHARE_KUBECONFIG={kubeconfig}" if kubeconfig else "the in-cluster ServiceAccount"
-            raise ApiServerError(
-                f"{where} gives no API server credentials ({' '.join(str(exc).split())}); run the plugin in its "
-                "DaemonSet with its ServiceAccount, or point GPUSHARE_KUBECONFIG at a kubeconfig file"
-            ) from exc
-        self.where = configuration.host
-        self._client = client
-        self._api_client = client.ApiClient(configuration)
-        self._core = client.CoreV1Api(self._api_client)
+        self._kube = KubeClient(kubeconfig, timeout)
+        self.where = self._kube.where
+        self._client = self._kube.client
+        self._core = self._client.CoreV1Api(self._kube.api_client)
         self.node_name = node_name
         self.timeout = timeout
         self._selector = f"spec.nodeName={node_name}"
@@ -163,7 +126,7 @@ class KubeApiServer:
                 log.debug("closing the pod watch stream failed", exc_info=True)
         if self._thread.is_alive():
             self._thread.join(timeout=5)
-        self._api_client.close()  # type: ignore[no-untyped-call]
+        self._kube.close()
 
     def subscribe(self, listener: PodListener) -> None:
         with self._lock:  # the watch thread tells listeners under the same lock: no change slips between
@@ -180,7 +143,7 @@ class KubeApiServer:
             return list(self._cache.values())
 
     def _list(self) -> dict[str, Any]:
-        response = self._call(
+        response = self._kube.call(
             "list this node's pods", self._core.list_pod_for_all_namespaces, field_selector=self._selector
         )
         return json.loads(response.data)  # type: ignore[no-any-return]
@@ -190,8 +153,8 @@ class KubeApiServer:
 
     def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:
-            response = self._call(f"read pod {namespace}/{name}", self._core.read_namespaced_pod, name, namespace)
-        except _NotFound:
+            response = self._kube.call(f"read pod {namespace}/{name}", self._core.read_namespaced_pod, name, namespace)
+        except NotFound:
             return None
         return json.loads(response.data)  # type: ignore[no-any-return]
 
@@ -203,11 +166,11 @@ class KubeApiServer:
         # A merge patch carrying metadata.resourceVersion is refused with 409 if the pod changed since.
         body = {"metadata": {"resourceVersion": resource_version, "annotations": dict(annotations)}}
         try:
-            response = self._call(
+            response = self._kube.call(
                 f"patch the annotations of pod {namespace}/{name}", self._core.patch_namespaced_pod, name, namespace,
                 body, _content_type="application/merge-patch+json",
             )
-        except _NotFound as exc:
+        except NotFound as exc:
             raise ApiServerError(f"pod {namespace}/{name} no longer exists") from exc
         return json.loads(response.data)  # type: ignore[no-any-return]
 
@@ -215,46 +178,16 @@ class KubeApiServer:
         body = event_body(pod, event_type, reason, message, self.node_name)
         event = self._client.CoreV1Event.from_dict(body)
         namespace = str(body["metadata"]["namespace"])
-        self._call(f"post an Event on pod {namespace}", self._core.create_namespaced_event, namespace, event)
+        self._kube.call(f"post an Event on pod {namespace}", self._core.create_namespaced_event, namespace, event)
 
     def patch_node_capacity(self, capacity: Mapping[str, str]) -> None:
         body = {"status": {"capacity": dict(capacity)}}
-        self._call(
+        self._kube.call(
             f"patch the capacity of node {self.node_name}", self._core.patch_node_status, self.node_name, body,
             _content_type="application/merge-patch+json",
         )
 
-    def resource_v1(self, what: str, operation: str, *args: Any, **kwargs: Any) -> dict[str, Any] | None:
-        """A resource.k8s.io/v1 request (`operation` names a ResourceV1Api method of the kubernetes client, which
-        has it from version 34) as JSON, bounded like every request here; None when the object does not exist."""
-        api = getattr(self._client, "ResourceV1Api", None)
-        if api is None:
-            raise ApiServerError(f"could not {what}: this kubernetes client has no resource.k8s.io/v1 API; install "
-                                 "kubernetes>=34 in the plugin's image")
-        try:
-            response = self._call(what, getattr(api(self._api_client), operation), *args, **kwargs)
-        except _NotFound:
-            return None
-        return json.loads(response.data)  # type: ignore[no-any-return]
-
     # -- plumbing --------------------------------------------------------------------------------------
-
-    def _call(self, what: str, method: Any, *args: Any, **kwargs: Any) -> Any:
-        from kubernetes.client.exceptions import ApiException
-
-        timeout = deadline.left(self.timeout)
-        if timeout <= 0:
-            raise ApiServerError(f"could not {what}: the kubelet call it serves has run out of time")
-        try:
-            return method(*args, _preload_content=False, _request_timeout=timeout, **kwargs)
-        except ApiException as exc:
-            if exc.status == 404:
-                raise _NotFound(f"could not {what}: it does not exist (404 Not Found)") from exc
-            if exc.status == 409:
-                raise Conflict(f"could not {what}: it changed meanwhile (409 Conflict)") from exc
-            raise ApiServerError(f"could not {what}: HTTP {exc.status} {exc.reason}: {(exc.body or '')[:300]}") from exc
-        except Exception as exc:  # urllib3 and ssl errors have no common base worth naming
-            raise ApiServerError(f"could not {what}: {describe(exc)}") from exc
 
     def _watch_loop(self) -> None:
         from kubernetes.watch.watch import iter_resp_lines
@@ -308,10 +241,6 @@ class KubeApiServer:
                 for listener in self._listeners:
                     listener.remove(str(meta.get("uid", "")))
         return str(meta.get("resourceVersion") or "")
-
-
-class _NotFound(ApiServerError):
-    pass
 
 
 class _Expired(Exception):

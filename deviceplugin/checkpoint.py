@@ -24,7 +24,7 @@ from google.protobuf.message import DecodeError
 
 from contract import ENV_VISIBLE
 from deviceplugin.api.deviceplugin_pb2 import ContainerAllocateResponse
-from deviceplugin.inventory import Gpu
+from node.inventory import Gpu
 
 # An index as nvidia-container-cli reads one, written the one way the reference plugin writes it (fmt "%v" of an
 # int): no sign, no leading zero; anything longer than a few digits is no GPU index.

@@ -10,12 +10,12 @@ from collections.abc import Callable
 
 import grpc
 
-from deviceplugin import deadline
 from deviceplugin.api import deviceplugin_pb2, deviceplugin_pb2_grpc, podresources_pb2, podresources_pb2_grpc
 from deviceplugin.checkpoint import Checkpoint, checkpoint_entries
 from deviceplugin.dirwatch import EVERYTHING, DirWatch
 from deviceplugin.resolve import Holding, checkpoint_holdings
 from deviceplugin.sockets import probe
+from node import deadline
 
 log = logging.getLogger(__name__)
 

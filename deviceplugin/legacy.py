@@ -23,8 +23,8 @@ from contract.assignment import int_annotation
 from contract.errors import shown
 from deviceplugin.checkpoint import visible_gpu
 from deviceplugin.errors import PluginError, Refusal
-from deviceplugin.inventory import Gpu
 from deviceplugin.trust import Context, no_intent
+from node.inventory import Gpu
 
 _RECREATE = ("the kubelet would start it again with that same answer, so the container is not started; delete the "
              "pod so that it is created again through the gpushare webhook (its controller recreates it; create a "

@@ -15,7 +15,6 @@ within GPUSHARE_SHUTDOWN_SECONDS whatever its threads are doing, or dumps every 
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import sys
@@ -29,18 +28,22 @@ from common import logsetup
 from common.settings import SettingsError
 from contract.keys import GPU_COUNT
 from contract.signing import SigningKeyError, load_public_key
-from deviceplugin import lifecycle
 from deviceplugin import settings as plugin_settings
-from deviceplugin.apiserver import ApiServer, ApiServerError, KubeApiServer
-from deviceplugin.cdi import CdiStore
-from deviceplugin.inventory import Inventory, InventoryError, XidWatcher, load_inventory
+from deviceplugin.apiserver import ApiServer, KubeApiServer
+from deviceplugin.devices import UnitInventory
 from deviceplugin.kubelet import KubeletHoldings, RegistrationError, RestartWatch, register
-from deviceplugin.metrics import MeteredApiServer, MetricsServer, PluginMetrics
+from deviceplugin.metrics import MeteredApiServer, PluginMetrics
 from deviceplugin.owners import Holdings
 from deviceplugin.server import OPTIONS, DevicePluginServicer, serve
 from deviceplugin.service import Service
 from deviceplugin.settings import PLUGIN_VARIABLES, PluginSettings
 from deviceplugin.sockets import clear_stale, fresh_socket_path
+from node import lifecycle
+from node.apiclient import ApiServerError
+from node.cdi import CdiStore
+from node.inventory import InventoryError, load_inventory
+from node.metrics import MetricsServer
+from node.xid import XidWatcher
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +55,7 @@ class Plugin:
     """One device plugin for one node; start() and stop() may be called from any thread."""
 
     def __init__(
-        self, settings: PluginSettings, *, api: ApiServer | None = None, inventory: Inventory | None = None,
+        self, settings: PluginSettings, *, api: ApiServer | None = None, inventory: UnitInventory | None = None,
         public_key: Ed25519PublicKey | None = None, holdings: Holdings | None = None,
     ) -> None:
         self.settings = settings
@@ -79,7 +82,7 @@ class Plugin:
     def start(self) -> None:
         s = self.settings
         if self.inventory is None:
-            self.inventory = load_inventory(s.fake_gpus, s.node_name, s.contract.unit, s.max_devices)
+            self.inventory = UnitInventory.of(load_inventory(s.fake_gpus, s.node_name, s.contract.unit), s.max_devices)
         if self.public_key is None:
             try:
                 with open(s.verify_key, "rb") as handle:
@@ -212,16 +215,9 @@ class Plugin:
         log.log(logging.INFO if self._socket else logging.DEBUG, "gpushare device plugin stopped; %s", socket_note)
 
     def _remove_socket(self) -> str:
-        path = self.socket_path
-        if path is None or self._socket is None:
+        if self.socket_path is None or self._socket is None:
             return "it had not created its socket"
-        current = lifecycle.socket_id(path)
-        if current is not None and current != self._socket:
-            return f"the socket {path} is another process's now, so it was left in place"
-        if current is not None:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)
-        return f"socket {path} removed"  # by us, or by the gRPC server as it stopped
+        return lifecycle.remove_own_socket(self.socket_path, self._socket)
 
 
 def run(settings: PluginSettings, stop_event: threading.Event) -> int:
@@ -240,7 +236,7 @@ FLAGS = {
 
 
 def serve_until_signalled(settings: PluginSettings) -> int:
-    """The plugin in a thread until SIGTERM or SIGINT, stopped within GPUSHARE_SHUTDOWN_SECONDS (lifecycle.py)."""
+    """The plugin in a thread until SIGTERM or SIGINT, stopped within GPUSHARE_SHUTDOWN_SECONDS (node/lifecycle.py)."""
     return lifecycle.serve_until_signalled(lambda stop: run(settings, stop), settings.shutdown_seconds,
                                            "device plugin", log)
 

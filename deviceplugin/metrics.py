@@ -1,4 +1,4 @@
-"""Prometheus metrics of the device plugin, its API-error counting, and its plain-HTTP /metrics listener."""
+"""Prometheus metrics of the device plugin and its API-error counting (node/metrics.py serves them)."""
 
 from __future__ import annotations
 
@@ -11,13 +11,12 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from common.buildinfo import BuildInfo
-from common.metricsserver import MetricsServer as Listener
-from common.settings import SettingsError
-from deviceplugin.apiserver import ApiServer, ApiServerError, Conflict, PodListener
+from deviceplugin.apiserver import ApiServer, PodListener
 from deviceplugin.errors import PluginError
-from deviceplugin.inventory import Inventory
 from deviceplugin.trust import Context
 from deviceplugin.usage import holding_of, node_usage, recorded_pin
+from node.apiclient import ApiServerError, Conflict
+from node.inventory import Inventory
 
 log = logging.getLogger(__name__)
 
@@ -192,22 +191,3 @@ class MeteredApiServer:
 
     def patch_node_capacity(self, capacity: Mapping[str, str]) -> None:
         self._counted("patch_node", lambda: self._api.patch_node_capacity(capacity))
-
-
-class MetricsServer:
-    """GET /metrics over plain HTTP (GPUSHARE_METRICS_BIND), with bounded threads and connections
-    (common/metricsserver.py)."""
-
-    def __init__(self, bind: tuple[str, int], registry: CollectorRegistry) -> None:
-        host, port = bind
-        try:
-            self._listener = Listener(bind, registry, name="plugin-metrics")
-        except OSError as exc:
-            raise SettingsError(
-                f"GPUSHARE_METRICS_BIND={host}:{port} cannot be listened on ({exc}); choose a free port, or set it "
-                "empty to serve no metrics"
-            ) from exc
-        self.address = self._listener.address
-
-    def stop(self) -> None:
-        self._listener.stop()

@@ -11,10 +11,10 @@ from typing import Any
 from contract import IDX, Intent, pod_ref
 from deviceplugin.apiserver import ApiServer
 from deviceplugin.errors import Refusal
-from deviceplugin.inventory import Inventory
 from deviceplugin.placement import best_fit, placement_annotations
 from deviceplugin.trust import Context
 from deviceplugin.usage import Holder, node_usage
+from node.inventory import Inventory
 
 log = logging.getLogger(__name__)
 

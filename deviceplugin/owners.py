@@ -6,12 +6,13 @@ import logging
 from collections.abc import Sequence
 from typing import Protocol
 
-from deviceplugin.apiserver import ApiServer, ApiServerError
+from deviceplugin.apiserver import ApiServer
 from deviceplugin.checkpoint import Checkpoint
 from deviceplugin.errors import PluginError, Refusal
 from deviceplugin.kubelet import KubeletUnavailable
 from deviceplugin.nodeindex import NodeIndex
 from deviceplugin.resolve import Holding, Owner, find_owner, other_holders, slot_of
+from node.apiclient import ApiServerError
 
 log = logging.getLogger(__name__)
 

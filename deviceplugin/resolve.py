@@ -26,12 +26,12 @@ from contract import (
 from contract.holding import terminating
 from deviceplugin.checkpoint import Entry, checkpoint_entries
 from deviceplugin.errors import Refusal
-from deviceplugin.inventory import Gpu
 from deviceplugin.legacy import LegacyAccepted, legacy_restart
 from deviceplugin.pins import moved
 from deviceplugin.room import deleting_refusal, room_refusal
 from deviceplugin.trust import Context, stamped_intent
 from deviceplugin.usage import Holder, node_usage
+from node.inventory import Gpu
 
 
 def slot_of(device_ids: Iterable[str]) -> str:

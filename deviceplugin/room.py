@@ -7,9 +7,9 @@ from collections.abc import Sequence
 
 from contract import IDX
 from deviceplugin.errors import Refusal
-from deviceplugin.inventory import Gpu
 from deviceplugin.trust import Context
 from deviceplugin.usage import Holder
+from node.inventory import Gpu
 
 
 def deleting_refusal(who: str, ctx: Context) -> Refusal:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import logging
 import threading
 import time
@@ -11,13 +12,13 @@ from typing import TypeVar
 
 import grpc
 
-from deviceplugin import deadline
 from deviceplugin.api import deviceplugin_pb2 as pb
 from deviceplugin.api import deviceplugin_pb2_grpc
+from deviceplugin.devices import UnitInventory
 from deviceplugin.errors import PluginError
-from deviceplugin.inventory import Inventory
 from deviceplugin.metrics import PluginMetrics
 from deviceplugin.service import Service
+from node import deadline, lifecycle
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +31,7 @@ OPTIONS = pb.DevicePluginOptions(pre_start_required=True, get_preferred_allocati
 
 
 class DevicePluginServicer(deviceplugin_pb2_grpc.DevicePluginServicer):
-    def __init__(self, service: Service, inventory: Inventory, stop: threading.Event, timeout: float,
+    def __init__(self, service: Service, inventory: UnitInventory, stop: threading.Event, timeout: float,
                  metrics: PluginMetrics | None = None, *, on_dropped: Callable[[], None] | None = None) -> None:
         self.service = service
         self.metrics = metrics or PluginMetrics()
@@ -137,11 +138,7 @@ def serve(servicer: DevicePluginServicer, socket_path: str) -> grpc.Server:
     """Serve the DevicePlugin service on a unix socket at a free path (each serve has a name of its own: a file there
     may be another instance's socket, so it is never removed here; sockets.clear_stale removes dead ones)."""
     # One gRPC thread waits on each call in flight, plus ListAndWatch streams and the calls answered inline.
-    threads = concurrent.futures.ThreadPoolExecutor(max_workers=CALL_WORKERS + 8, thread_name_prefix="grpc")
-    server = grpc.server(threads)
-    deviceplugin_pb2_grpc.add_DevicePluginServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
-    # "unix:PATH", not "unix://PATH": grpcio (1.85) refuses a server address "unix://" + a path of 106 or 107 bytes,
-    # which the kubelet and a unix socket address (107 bytes, settings.UNIX_PATH_MAX) take.
-    server.add_insecure_port("unix:" + socket_path)
-    server.start()
-    return server
+    return lifecycle.serve_unix(
+        socket_path, functools.partial(deviceplugin_pb2_grpc.add_DevicePluginServicer_to_server, servicer),
+        CALL_WORKERS + 8, "grpc",
+    )

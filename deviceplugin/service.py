@@ -15,13 +15,12 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from contract import IDX, pod_ref
 from deviceplugin import delivery
-from deviceplugin.apiserver import ApiServer, ApiServerError, Conflict
+from deviceplugin.apiserver import ApiServer
 from deviceplugin.blame import allocate_refusal, waiting_pods
-from deviceplugin.cdi import CdiStore, ensure_file, present
+from deviceplugin.devices import UnitInventory
 from deviceplugin.errors import PluginError, Refusal
 from deviceplugin.eventqueue import EventQueue
 from deviceplugin.events import EventRecorder, TokenBuckets
-from deviceplugin.inventory import Inventory
 from deviceplugin.kubelet import KubeletUnavailable
 from deviceplugin.legacy import LegacyAccepted
 from deviceplugin.metrics import PluginMetrics
@@ -35,6 +34,9 @@ from deviceplugin.resolve import Accepted, NeedsPlacement, Owner, Verdict, slot_
 from deviceplugin.settings import PluginSettings
 from deviceplugin.trust import Context
 from deviceplugin.usage import recorded_pin
+from node import cdiedits
+from node.apiclient import ApiServerError, Conflict
+from node.cdi import CdiStore, ensure_file, present
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +45,7 @@ _PATCH_ATTEMPTS = 5
 
 class Service:
     def __init__(
-        self, settings: PluginSettings, inventory: Inventory, api: ApiServer, kubelet: Holdings,
+        self, settings: PluginSettings, inventory: UnitInventory, api: ApiServer, kubelet: Holdings,
         public_key: Ed25519PublicKey, *, cdi: CdiStore | None = None, clock: Callable[[], float] = time.time,
         metrics: PluginMetrics | None = None,
     ) -> None:
@@ -266,11 +268,11 @@ class Service:
         gpu = accepted.gpu
         gpu_file = ""
         if gpu.minor is None:  # a fake GPU has no device node: a file naming it shows containers what they got
-            name, text = delivery.fake_gpu_file(gpu)
+            name, text = cdiedits.fake_gpu_file(gpu)
             gpu_file = self._write_file(accepted, self.settings.fake_gpu_dir, "GPUSHARE_FAKE_GPU_DIR",
                                         lambda: ensure_file(os.path.join(self.settings.fake_gpu_dir, name), text))
-        nodes = delivery.device_nodes(gpu, present(delivery.CONTROL_DEVICES))
-        spec = delivery.cdi_spec(accepted.slot, gpu, nodes, units, accepted.intent.total, gpu_file=gpu_file)
+        nodes = cdiedits.device_nodes(gpu, present(cdiedits.CONTROL_DEVICES))
+        spec = cdiedits.cdi_spec(accepted.slot, gpu, nodes, units, accepted.intent.total, gpu_file=gpu_file)
         self._write_file(accepted, self.cdi.directory, "GPUSHARE_CDI_DIR", lambda: self.cdi.write(accepted.slot, spec))
 
     @staticmethod

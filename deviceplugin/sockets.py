@@ -10,8 +10,8 @@ import socket
 import stat
 from typing import Literal
 
-from deviceplugin import lifecycle
 from deviceplugin.settings import SOCKET_TOKEN_LENGTH, PluginSettings
+from node import lifecycle
 
 log = logging.getLogger(__name__)
 

@@ -14,8 +14,8 @@ from contract import Contract, Intent, ProtocolError, intent_mismatch, parse_int
 from contract.modes import Placement
 from deviceplugin.checkpoint import Checkpoint
 from deviceplugin.errors import Refusal
-from deviceplugin.inventory import Gpu
 from deviceplugin.pins import Pins
+from node.inventory import Gpu
 
 log = logging.getLogger(__name__)
 

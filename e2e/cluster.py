@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 from contract.keys import DRA_DRIVER
-from deviceplugin.inventory import fake_gpus
 from e2e import control, extender, fakenvml, gpushare, netns, node, podnet, procs
 from e2e import settings as ports
 from e2e.certmanager import CertManager
@@ -29,6 +28,7 @@ from e2e.kube import Kubectl
 from e2e.pki import Pki, kubeconfig
 from e2e.settings import E2eSettings, from_environ
 from e2e.toolchain import PLUGIN_BINARY, PLUGIN_IMAGE, Toolchain, ToolchainError, ensure
+from node.inventory import fake_gpus
 
 REPO = Path(__file__).resolve().parents[1]
 TENANT = "tenant-user"  # an ordinary user: edit rights in the test namespaces, nothing more
@@ -316,7 +316,7 @@ class Cluster:
                               "the node advertising aliyun.com/gpu-mem")
 
     def start_dra(self, server: str | None = None) -> None:
-        """The DRA driver (deviceplugin/dra) as a host process with the device plugin's GPUs and its own identity, a
+        """The DRA driver (dra/) as a host process with the device plugin's GPUs and its own identity, a
         token of the component's ServiceAccount bound to this node as a pod's projected token is (apply
         manifests/dra first); ready once registered with the kubelet's plugin watcher and its node's ResourceSlices
         are published. `server`: the API server's address as the driver has it (a relay in front of it)."""
@@ -328,7 +328,7 @@ class Cluster:
         env = {**self.plugin_env(), "GPUSHARE_DRA_STATE_DIR": str(node.STATE_ROOT / "dra"),
                "GPUSHARE_KUBECONFIG": str(self.dra_kubeconfig),
                "GPUSHARE_METRICS_BIND": f"127.0.0.1:{self.settings.port(ports.DRA_METRICS)}"}
-        self.procs.start("dra-plugin", [sys.executable, "-m", "deviceplugin.dra.main"], env=env, cwd=REPO)
+        self.procs.start("dra-plugin", [sys.executable, "-m", "dra.main"], env=env, cwd=REPO)
         self.procs.wait_ready("dra-plugin", lambda: b"gpushare DRA driver serving" in log.read_bytes()[offset:], 60,
                               "serving")
         kubectl = self.kubectl()

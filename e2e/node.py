@@ -16,7 +16,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from deviceplugin.dra.settings import DEFAULT_STATE_DIR
+from dra.settings import DEFAULT_STATE_DIR
 from e2e import podnet
 from e2e import settings as ports
 from e2e.settings import E2eSettings

@@ -38,7 +38,7 @@ REPOSITORY = "gpushare-e2e/gpushare"  # in the tier's registry
 UPGRADE_SUFFIX = "-upgrade"
 # The build context's own filter: the Dockerfile copies exactly these (and .dockerignore lets in only these).
 CONTEXT = ("Dockerfile", ".dockerignore", "pyproject.toml", "README.md", "LICENSE", "gunicorn.conf.py",
-           "common", "contract", "webhook", "deviceplugin", "certs", "kubectlplugin")
+           "common", "contract", "webhook", "node", "deviceplugin", "dra", "certs", "kubectlplugin")
 _SKIP = ("__pycache__", ".pyc", ".mypy_cache")
 
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from contract import ASSIGNED, ASSUME_TIME, IDX, ProtocolError, container_units, keys
-from deviceplugin.inventory import Gpu
+from node.inventory import Gpu
 
 Pod = dict[str, Any]
 

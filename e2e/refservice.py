@@ -16,8 +16,9 @@ import grpc
 
 from deviceplugin.api import deviceplugin_pb2 as dp
 from deviceplugin.api import deviceplugin_pb2_grpc
-from deviceplugin.inventory import Gpu
+from deviceplugin.devices import device_ids
 from e2e.refalloc import Decision, container_envs
+from node.inventory import Gpu
 
 
 class ReferenceService(deviceplugin_pb2_grpc.DevicePluginServicer):
@@ -43,7 +44,7 @@ class ReferenceService(deviceplugin_pb2_grpc.DevicePluginServicer):
         return dp.DevicePluginOptions()
 
     def ListAndWatch(self, request: dp.Empty, context: grpc.ServicerContext) -> Iterator[dp.ListAndWatchResponse]:
-        devices = [dp.Device(ID=d, health="Healthy") for gpu in self.gpus for d in gpu.device_ids()]
+        devices = [dp.Device(ID=d, health="Healthy") for gpu in self.gpus for d in device_ids(gpu)]
         yield dp.ListAndWatchResponse(devices=devices)
         while context.is_active() and not self._stop.wait(self.list_and_watch_poll):
             pass

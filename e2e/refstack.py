@@ -23,13 +23,13 @@ from typing import Any
 
 import yaml
 
-from deviceplugin.inventory import fake_gpus
 from e2e import fakenvml, gpushare
 from e2e.cluster import REPO, Cluster, _base_env, _has_capacity
 from e2e.pki import kubeconfig
 from e2e.procs import StartError
 from e2e.settings import E2eSettings
 from e2e.toolchain import PLUGIN_BINARY
+from node.inventory import fake_gpus
 
 # Its DaemonSet's command (device-plugin-ds.yaml), and `-token unused`: without a kubelet token it reads the
 # in-cluster token file at start-up even though only -query-kubelet uses it (cmd/nvidia/main.go).

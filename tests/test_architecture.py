@@ -21,7 +21,7 @@ from contract import Contract, keys
 
 ROOT = Path(__file__).resolve().parents[1]
 # The hand-written programs that ship in the image (charts/ is the chart generator, run from a checkout).
-PRODUCT = ("common", "contract", "webhook", "deviceplugin", "kubectlplugin", "certs")
+PRODUCT = ("common", "contract", "webhook", "node", "deviceplugin", "dra", "kubectlplugin", "certs")
 # Everything else the import graph spans: the generator, the tiers' harness, the benchmarks, the release and the tests.
 TOP_LEVEL = (*PRODUCT, "charts", "e2e", "bench", "release", "tests")
 MAX_LINES = 350
@@ -82,9 +82,9 @@ def _package_edges() -> dict[tuple[str, str], list[str]]:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# (a) The device plugin, the kubectl plugin and the certificate tool never import the admission server.
+# (a) The node programs, the kubectl plugin and the certificate tool never import the admission server.
 
-INDEPENDENT = ("deviceplugin", "kubectlplugin", "certs")
+INDEPENDENT = ("node", "deviceplugin", "dra", "kubectlplugin", "certs")
 WEBHOOK_IMPORTS_ALLOWED: set[str] = set()
 
 
@@ -95,6 +95,21 @@ def test_package_does_not_import_the_webhook(package: str) -> None:
         assert places, f"{package} no longer imports webhook: remove it from WEBHOOK_IMPORTS_ALLOWED"
     else:
         assert not places, f"{package} imports webhook at {', '.join(places)}; import contract or common instead"
+
+
+# The two node programs stand side by side on node/: neither imports the other, and node/ imports neither. Entries
+# read "importer -> imported" (packages).
+NODE_PROGRAMS = (("deviceplugin", "dra"), ("dra", "deviceplugin"), ("node", "deviceplugin"), ("node", "dra"))
+NODE_IMPORTS_ALLOWED: set[str] = set()
+
+
+@pytest.mark.parametrize(("source", "target"), NODE_PROGRAMS)
+def test_node_programs_import_only_the_node_layer(source: str, target: str) -> None:
+    places = _package_edges().get((source, target), [])
+    if f"{source} -> {target}" in NODE_IMPORTS_ALLOWED:
+        assert places, f"{source} no longer imports {target}: remove it from NODE_IMPORTS_ALLOWED"
+    else:
+        assert not places, f"{source} imports {target} at {', '.join(places)}; move what both use to node/"
 
 
 # The layers under every program: common imports no other package of ours, the contract only common, and the

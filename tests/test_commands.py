@@ -12,8 +12,8 @@ import pytest
 
 from certs.cli import VARIABLES as CERTS_VARIABLES
 from common.cli import Variable
-from deviceplugin.dra.settings import DRA_VARIABLES
 from deviceplugin.settings import PLUGIN_VARIABLES
+from dra.settings import DRA_VARIABLES
 from kubectlplugin.cli import VARIABLES as KUBECTL_PLUGIN_VARIABLES
 from webhook.server.probe import PROBE_VARIABLES
 

@@ -11,7 +11,8 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from contract import Contract
-from deviceplugin.inventory import Inventory, fake_gpus
+from deviceplugin.devices import UnitInventory
+from node.inventory import fake_gpus
 from tests.harness.plugin.fakes import NODE, FakeApiServer
 from tests.harness.plugin.rig import Rig, make_rig
 
@@ -39,9 +40,9 @@ def contract() -> Contract:
 
 
 @pytest.fixture
-def inventory() -> Inventory:
+def inventory() -> UnitInventory:
     """Two fake GPUs of 8 GiB each on node-a."""
-    return Inventory(fake_gpus("2x8GiB", NODE, "GiB"), "GiB", 4096)
+    return UnitInventory(fake_gpus("2x8GiB", NODE, "GiB"), "GiB", 4096)
 
 
 @pytest.fixture

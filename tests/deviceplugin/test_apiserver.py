@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from deviceplugin.apiserver import ApiServerError, Conflict, KubeApiServer
+from deviceplugin.apiserver import KubeApiServer
+from node.apiclient import ApiServerError, Conflict
 from tests.harness.apiserver.kube_http import FakeKube, write_kubeconfig
 
 pytestmark = pytest.mark.timeout(60)

@@ -13,7 +13,7 @@ import pytest
 from contract import DEFAULT_RESOURCE
 from deviceplugin.api import deviceplugin_pb2 as dp
 from deviceplugin.checkpoint import Entry, checkpoint_entries, visible_gpu
-from deviceplugin.inventory import Inventory
+from deviceplugin.devices import UnitInventory
 from deviceplugin.kubelet import KubeletHoldings, KubeletUnavailable
 from tests.harness.kubelet.devices import Entry as Kept
 from tests.harness.kubelet.devices import checkpoint_document, reference_answer
@@ -51,7 +51,7 @@ def kept(uid: str, container: str, ids: tuple[str, ...], answer: dp.ContainerAll
         ("9" * 5000, None),
     ],
 )
-def test_the_gpu_a_visible_devices_value_names(inventory: Inventory, visible: str, expected: int | None) -> None:
+def test_the_gpu_a_visible_devices_value_names(inventory: UnitInventory, visible: str, expected: int | None) -> None:
     gpus = {g.index: g for g in inventory.gpus}
     visible = visible.replace("GPU-0", gpus[0].uuid).replace("GPU-1", gpus[1].uuid)
     gpu = visible_gpu(visible, gpus)

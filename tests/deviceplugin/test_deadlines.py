@@ -12,15 +12,13 @@ from typing import Any, cast
 import grpc
 import pytest
 
-from deviceplugin import deadline
 from deviceplugin.api import deviceplugin_pb2 as pb
 from deviceplugin.api import deviceplugin_pb2_grpc
-from deviceplugin.apiserver import ApiServerError, KubeApiServer
-from deviceplugin.inventory import Inventory
+from deviceplugin.devices import UnitInventory
 from deviceplugin.kubelet import KubeletHoldings
 from deviceplugin.server import DevicePluginServicer, serve
 from deviceplugin.service import Service
-from tests.harness.apiserver.kube_http import write_kubeconfig
+from node import deadline
 
 pytestmark = pytest.mark.timeout(60)
 FAR = 10_000.0  # seconds: a deadline that never comes during a test
@@ -40,24 +38,6 @@ def test_left(until: float | None, ceiling: float, expected: float) -> None:
     else:
         assert deadline.run_until(time.monotonic() + until, lambda: deadline.left(ceiling)) == expected
     assert deadline.left(ceiling) == ceiling  # the deadline ends with its call
-
-
-def test_a_request_never_outlives_its_call(tmp_path: Path) -> None:
-    api = KubeApiServer("node-a", write_kubeconfig(tmp_path / "kubeconfig", 1), timeout=5)
-    seen: list[float] = []
-
-    def method(*args: Any, _request_timeout: float, **kwargs: Any) -> str:
-        seen.append(_request_timeout)
-        return "answer"
-
-    try:
-        assert api._call("read a pod", method) == "answer"
-        assert deadline.run_until(time.monotonic() + 2, lambda: api._call("read a pod", method)) == "answer"
-        with pytest.raises(ApiServerError, match="could not read a pod: the kubelet call it serves has run out"):
-            deadline.run_until(time.monotonic() - 1, lambda: api._call("read a pod", method))
-    finally:
-        api.stop()
-    assert seen[0] == 5 and 0 < seen[1] <= 2 and len(seen) == 2
 
 
 def test_pod_resources_list_is_cut_to_the_call(tmp_path: Path) -> None:
@@ -93,7 +73,7 @@ class HangingService:
 
 @pytest.fixture
 def plugin(
-    tmp_path: Path, inventory: Inventory
+    tmp_path: Path, inventory: UnitInventory
 ) -> Iterator[tuple[HangingService, deviceplugin_pb2_grpc.DevicePluginStub]]:
     service = HangingService()
     servicer = DevicePluginServicer(cast(Service, service), inventory, threading.Event(), timeout=20)
@@ -121,7 +101,7 @@ def test_ten_hung_calls_leave_room_for_healthy_ones(
     assert all(0 < left <= 20 for left in service.left)  # the hung work runs under its call's deadline
 
 
-def test_a_hung_call_is_answered_at_its_deadline(tmp_path: Path, inventory: Inventory) -> None:
+def test_a_hung_call_is_answered_at_its_deadline(tmp_path: Path, inventory: UnitInventory) -> None:
     service = HangingService()
     servicer = DevicePluginServicer(cast(Service, service), inventory, threading.Event(), timeout=0.2)
     server = serve(servicer, str(tmp_path / "dp.sock"))

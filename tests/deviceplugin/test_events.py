@@ -11,12 +11,12 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from contract import Contract
-from deviceplugin.apiserver import ApiServerError
+from deviceplugin.devices import UnitInventory
 from deviceplugin.errors import PluginError
 from deviceplugin.events import BURST, EVERY, TokenBuckets
-from deviceplugin.inventory import Inventory
 from deviceplugin.resolve import Holding
 from deviceplugin.service import Service
+from node.apiclient import ApiServerError
 from tests.harness.plugin.fakes import FakeApiServer, FakeHoldings, plugin_settings
 from tests.harness.pods import admitted, assigned, unit_pod
 
@@ -60,7 +60,7 @@ def test_buckets_are_per_pod_and_reason_and_bounded() -> None:
 
 
 @pytest.fixture
-def node(tmp_path: Path, inventory: Inventory, signer: Ed25519PrivateKey,
+def node(tmp_path: Path, inventory: UnitInventory, signer: Ed25519PrivateKey,
          contract: Contract) -> Iterator[tuple[FakeApiServer, Service, Clock, list[str]]]:
     api = FakeApiServer()
     ids = [device for device, _ in inventory.devices()[:2]]
@@ -171,7 +171,7 @@ def test_an_allocate_refusal_that_fits_several_pods_is_logged_and_counted(
 
 
 def test_devices_nobody_holds_are_refused_without_an_event(
-    tmp_path: Path, inventory: Inventory, signer: Ed25519PrivateKey,
+    tmp_path: Path, inventory: UnitInventory, signer: Ed25519PrivateKey,
 ) -> None:
     api = FakeApiServer()
     service = Service(plugin_settings(str(tmp_path)), inventory, api, FakeHoldings([]), signer.public_key())
@@ -189,7 +189,7 @@ class NoEvents(FakeApiServer):
 
 
 def test_an_event_the_api_server_refuses_is_logged_and_the_answer_stands(
-    tmp_path: Path, inventory: Inventory, signer: Ed25519PrivateKey, contract: Contract,
+    tmp_path: Path, inventory: UnitInventory, signer: Ed25519PrivateKey, contract: Contract,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     api = NoEvents()

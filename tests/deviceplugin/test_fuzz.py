@@ -25,11 +25,12 @@ from hypothesis import strategies as st
 from deviceplugin.api import deviceplugin_pb2 as pb
 from deviceplugin.api import podresources_pb2 as pr
 from deviceplugin.checkpoint import checkpoint_entries, visible_gpu
+from deviceplugin.devices import UnitInventory
 from deviceplugin.errors import PluginError, Refusal
-from deviceplugin.inventory import Inventory, fake_gpus
 from deviceplugin.kubelet import KubeletHoldings, KubeletUnavailable
 from deviceplugin.owners import Owners
 from deviceplugin.resolve import Holding, find_owner, holdings_from_checkpoint, other_holders
+from node.inventory import fake_gpus
 from tests.harness.fuzzing import CASES, anything, mutated_bytes
 from tests.harness.kubelet.devices import reference_answer
 from tests.harness.kubelet.scripted import RESOURCE, TestKubelet
@@ -47,7 +48,7 @@ CLEAR = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION, 
 UNDECODABLE = "Exception deserializing request!"
 MESSAGES: dict[str, Any] = {"Allocate": pb.AllocateRequest, "PreStartContainer": pb.PreStartContainerRequest,
             "GetPreferredAllocation": pb.PreferredAllocationRequest}
-IDS = [device for device, _ in Inventory(fake_gpus("2x8GiB", NODE, "GiB"), "GiB", 4096).devices()]  # the rig's
+IDS = [device for device, _ in UnitInventory(fake_gpus("2x8GiB", NODE, "GiB"), "GiB", 4096).devices()]  # the rig's
 
 # Device IDs as a kubelet might name them: real ones, unknown, empty, very long, odd Unicode.
 device_ids = st.one_of(

@@ -11,8 +11,8 @@ import grpc
 import pytest
 
 from contract import ASSIGNED, parse_allocation
-from deviceplugin.delivery import FAKE_GPU_MOUNT
 from deviceplugin.resolve import slot_of
+from node.cdiedits import FAKE_GPU_MOUNT
 from tests.harness.plugin.rig import Rig, make_rig
 
 pytestmark = pytest.mark.timeout(60)

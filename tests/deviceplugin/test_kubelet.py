@@ -14,6 +14,7 @@ import grpc
 import pytest
 
 from contract import ASSIGNED, IDX, Contract, parse_allocation
+from deviceplugin.devices import device_ids
 from deviceplugin.kubelet import KubeletHoldings, KubeletUnavailable
 from deviceplugin.resolve import slot_of
 from tests.harness.plugin.fakes import NODE
@@ -43,13 +44,13 @@ def test_list_and_watch_sends_the_full_list_again_on_health_change(rig: Rig) -> 
     rig.kubelet.wait_registrations(1)
     rig.kubelet.plugin()
     devices = rig.kubelet.wait_lists(1)
-    assert sorted(devices) == sorted(d for g in rig.inventory.gpus for d in g.device_ids())
+    assert sorted(devices) == sorted(d for g in rig.inventory.gpus for d in device_ids(g))
     assert set(devices.values()) == {"Healthy"}
     rig.inventory.set_health(1, False)  # what a critical XID does
     devices = rig.kubelet.wait_lists(2)
     assert len(devices) == 16
-    assert {devices[d] for d in rig.inventory.gpus[1].device_ids()} == {"Unhealthy"}
-    assert {devices[d] for d in rig.inventory.gpus[0].device_ids()} == {"Healthy"}
+    assert {devices[d] for d in device_ids(rig.inventory.gpus[1])} == {"Unhealthy"}
+    assert {devices[d] for d in device_ids(rig.inventory.gpus[0])} == {"Healthy"}
 
 
 def test_registers_again_after_the_kubelet_restarts(rig: Rig) -> None:
@@ -312,7 +313,7 @@ def test_preferred_allocation_keeps_required_devices_and_the_size(rig: Rig) -> N
 
     (registered,) = rig.kubelet.wait_registrations(1)
     assert registered.request.options.get_preferred_allocation_available
-    gpu0, gpu1 = (g.device_ids() for g in rig.inventory.gpus)
+    gpu0, gpu1 = (device_ids(g) for g in rig.inventory.gpus)
     request = pb.PreferredAllocationRequest(container_requests=[
         pb.ContainerPreferredAllocationRequest(
             available_deviceIDs=gpu1[:3] + gpu0[:3], must_include_deviceIDs=[gpu1[2]], allocation_size=3

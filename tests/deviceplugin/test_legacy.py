@@ -11,8 +11,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from contract import IDX, Contract, signing
 from deviceplugin.checkpoint import Checkpoint, Entry
+from deviceplugin.devices import UnitInventory
 from deviceplugin.errors import PluginError, Refusal
-from deviceplugin.inventory import Inventory
 from deviceplugin.legacy import LegacyAccepted
 from deviceplugin.metrics import units_by_gpu
 from deviceplugin.nodeindex import NodeIndex
@@ -28,7 +28,7 @@ NEW_IDS = ["GPU-x-_-7", "GPU-x-_-8", "GPU-x-_-9", "GPU-x-_-10"]
 FOREIGN = "GPU-8d2c5a8e-0000-4000-8000-000000000000"
 
 
-def ctx_for(inventory: Inventory, signer: Ed25519PrivateKey, contract: Contract, *entries: Entry,
+def ctx_for(inventory: UnitInventory, signer: Ed25519PrivateKey, contract: Contract, *entries: Entry,
             problem: str = "", healthy: bool = True) -> Context:
     read = Checkpoint(tuple(entries), problem)
     return Context(contract, NODE, signer.public_key(), {g.index: g for g in inventory.gpus},
@@ -58,7 +58,7 @@ def gave(visible: str | None, uid: str = "old", container: str = "main", ids: tu
     return Entry(uid, container, ids, visible)
 
 
-def uuid_of(inventory: Inventory, index: int) -> str:
+def uuid_of(inventory: UnitInventory, index: int) -> str:
     return inventory.gpus[index].uuid
 
 
@@ -83,7 +83,8 @@ def used(pods: list[dict[str, Any]], ctx: Context) -> tuple[int, int]:
     ],
 )
 def test_a_pod_of_the_previous_plugin_counts_where_the_checkpoint_puts_it(
-    inventory: Inventory, signer: Ed25519PrivateKey, contract: Contract, visible: str | None, expected: tuple[int, int]
+    inventory: UnitInventory, signer: Ed25519PrivateKey, contract: Contract, visible: str | None,
+    expected: tuple[int, int],
 ) -> None:
     visible = visible.replace("GPU-1", uuid_of(inventory, 1)) if visible else visible
     ctx = ctx_for(inventory, signer, contract, gave(visible))
@@ -92,7 +93,7 @@ def test_a_pod_of_the_previous_plugin_counts_where_the_checkpoint_puts_it(
 
 
 def test_it_counts_the_device_ids_the_kubelet_allocated(
-    inventory: Inventory, signer: Ed25519PrivateKey, contract: Contract
+    inventory: UnitInventory, signer: Ed25519PrivateKey, contract: Contract
 ) -> None:
     pod = old()
     pod["spec"]["initContainers"] = [{"name": "load", "resources": {"limits": {contract.resource: "4"}}}]
@@ -115,7 +116,7 @@ def test_it_counts_the_device_ids_the_kubelet_allocated(
     ],
 )
 def test_only_live_pods_of_this_node_count(
-    inventory: Inventory, signer: Ed25519PrivateKey, contract: Contract, pod: str, counted: bool
+    inventory: UnitInventory, signer: Ed25519PrivateKey, contract: Contract, pod: str, counted: bool
 ) -> None:
     made = {"running": old(), "other node": old(node="node-b"), "finished": old(phase="Failed"),
             "not listed": old(name="someone-else"), "asks for no GPU memory": old(units=0)}[pod]
@@ -123,7 +124,7 @@ def test_only_live_pods_of_this_node_count(
 
 
 def test_a_believed_pod_counts_once_and_a_forged_intent_still_counts(
-    inventory: Inventory, signer: Ed25519PrivateKey, contract: Contract
+    inventory: UnitInventory, signer: Ed25519PrivateKey, contract: Contract
 ) -> None:
     """A pod the previous plugin allocated after the webhook stamped it counts for its intent only; a pod whose intent
     does not verify counts for what the checkpoint shows, whatever its annotations claim."""
@@ -138,7 +139,7 @@ def test_a_believed_pod_counts_once_and_a_forged_intent_still_counts(
 
 
 def test_a_pod_of_the_previous_plugin_blocks_the_room_it_uses(
-    inventory: Inventory, signer: Ed25519PrivateKey, contract: Contract
+    inventory: UnitInventory, signer: Ed25519PrivateKey, contract: Contract
 ) -> None:
     pod = believed("new", 4, 1, contract, signer)
     assert isinstance(validate(pod, ["main"], NEW_IDS, ctx_for(inventory, signer, contract), [old()]), Accepted)
@@ -168,7 +169,7 @@ def test_a_pod_of_the_previous_plugin_blocks_the_room_it_uses(
     ],
 )
 def test_a_pod_being_deleted_counts_only_while_it_may_run(
-    inventory: Inventory, signer: Ed25519PrivateKey, contract: Contract, state: str | None, pinned: bool,
+    inventory: UnitInventory, signer: Ed25519PrivateKey, contract: Contract, state: str | None, pinned: bool,
     counted: bool,
 ) -> None:
     pod = old()
@@ -184,7 +185,7 @@ def test_a_pod_being_deleted_counts_only_while_it_may_run(
 
 
 def test_an_unreadable_checkpoint_stops_room_decisions_only_beside_pods_it_would_show(
-    inventory: Inventory, signer: Ed25519PrivateKey, contract: Contract
+    inventory: UnitInventory, signer: Ed25519PrivateKey, contract: Contract
 ) -> None:
     ctx = ctx_for(inventory, signer, contract, problem="the kubelet checkpoint /x cannot be read (ENOENT)")
     assert used([believed("new", 4, 1, contract, signer), old(units=0)], ctx) == (0, 4)
@@ -196,7 +197,7 @@ def test_an_unreadable_checkpoint_stops_room_decisions_only_beside_pods_it_would
 
 
 def test_the_node_index_places_them_as_the_checkpoint_says_at_each_call(
-    inventory: Inventory, signer: Ed25519PrivateKey, contract: Contract
+    inventory: UnitInventory, signer: Ed25519PrivateKey, contract: Contract
 ) -> None:
     entries = [gave("1")]
     ctx = Context(contract, NODE, signer.public_key(), {g.index: g for g in inventory.gpus}, inventory.healthy,
@@ -212,7 +213,7 @@ def test_the_node_index_places_them_as_the_checkpoint_says_at_each_call(
 
 
 def test_the_metrics_show_the_units_of_the_previous_plugin(
-    inventory: Inventory, signer: Ed25519PrivateKey, contract: Contract
+    inventory: UnitInventory, signer: Ed25519PrivateKey, contract: Contract
 ) -> None:
     ctx = ctx_for(inventory, signer, contract, gave("1"))
     assert units_by_gpu([old(), believed("new", 2, 1, contract, signer)], ctx) == {0: (0, 0, 0), 1: (8, 0, 6)}
@@ -221,7 +222,7 @@ def test_the_metrics_show_the_units_of_the_previous_plugin(
 # -- a container of such a pod starting again ------------------------------------------------------------------
 
 
-def test_it_starts_again_on_its_recorded_gpu(inventory: Inventory, signer: Ed25519PrivateKey,
+def test_it_starts_again_on_its_recorded_gpu(inventory: UnitInventory, signer: Ed25519PrivateKey,
                                              contract: Contract) -> None:
     for visible in ("1", uuid_of(inventory, 1)):
         verdict = validate(old(), ["main"], IDS, ctx_for(inventory, signer, contract, gave(visible)), [])
@@ -245,7 +246,8 @@ def test_it_starts_again_on_its_recorded_gpu(inventory: Inventory, signer: Ed255
     ],
 )
 def test_it_is_refused_unless_the_checkpoint_names_its_recorded_gpu(
-    inventory: Inventory, signer: Ed25519PrivateKey, contract: Contract, visible: str | None, index: int | str | None,
+    inventory: UnitInventory, signer: Ed25519PrivateKey, contract: Contract, visible: str | None,
+    index: int | str | None,
     reason: str, fragment: str,
 ) -> None:
     pod = old(index=index if isinstance(index, int) else None)
@@ -259,7 +261,7 @@ def test_it_is_refused_unless_the_checkpoint_names_its_recorded_gpu(
     assert "delete the pod so that it is created again through the gpushare webhook" in message
 
 
-def test_what_else_refuses_it(inventory: Inventory, signer: Ed25519PrivateKey, contract: Contract) -> None:
+def test_what_else_refuses_it(inventory: UnitInventory, signer: Ed25519PrivateKey, contract: Contract) -> None:
     def refusal(ctx: Context, pod: dict[str, Any] | None = None, ids: tuple[str, ...] = IDS) -> Refusal:
         with pytest.raises(Refusal) as refused:
             validate(pod or old(), ["main", "load"], ids, ctx, [])

@@ -17,7 +17,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from common.settings import SettingsError
 from deviceplugin.main import Plugin
-from deviceplugin.metrics import CALLS, OUTCOMES, REASONS, MetricsServer
+from deviceplugin.metrics import CALLS, OUTCOMES, REASONS
+from node.metrics import MetricsServer
 from tests.harness.plugin.fakes import FakeApiServer, plugin_settings
 from tests.harness.plugin.rig import Rig, make_rig
 from tests.harness.pods import assigned

@@ -12,6 +12,7 @@ import grpc
 import pytest
 
 from contract import ASSIGNED, IDX
+from deviceplugin.devices import device_ids
 from deviceplugin.nodeindex import NodeIndex
 from tests.harness.kubelet.devices import reference_answer
 from tests.harness.plugin.rig import Rig, make_rig
@@ -32,7 +33,7 @@ def started_before(rig: Rig, name: str, units: int, index: int | None, visible: 
     the kubelet keeps that answer in its checkpoint. Returns the container's device IDs (of GPU `gpu`'s units)."""
     pod = unit_pod(name, {"main": units})
     rig.api.add(assigned(pod, index, 8) if index is not None else pod, phase="Running")
-    ids = rig.inventory.gpus[gpu].device_ids()[:units]
+    ids = device_ids(rig.inventory.gpus[gpu])[:units]
     rig.kubelet.hold("team", name, "main", ids,
                      response=reference_answer(visible, units) if visible is not None else None)
     return ids

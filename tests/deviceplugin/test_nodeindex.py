@@ -13,8 +13,8 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from contract import ASSIGNED, Allocation, ContainerSlot, Contract, signing
+from deviceplugin.devices import UnitInventory
 from deviceplugin.eventqueue import EventQueue
-from deviceplugin.inventory import Inventory
 from deviceplugin.nodeindex import NodeIndex
 from deviceplugin.pins import Pin
 from deviceplugin.resolve import slot_of
@@ -27,7 +27,7 @@ from tests.harness.pods import admitted, assigned, unit_pod
 pytestmark = pytest.mark.timeout(60)
 
 
-def ctx_for(inventory: Inventory, signer: Ed25519PrivateKey, contract: Contract) -> Context:
+def ctx_for(inventory: UnitInventory, signer: Ed25519PrivateKey, contract: Contract) -> Context:
     return Context(contract, NODE, signer.public_key(), {g.index: g for g in inventory.gpus}, inventory.healthy)
 
 
@@ -47,7 +47,7 @@ def gpu_pod(name: str, units: int, index: int | None, contract: Contract, signer
     return on_node(pod, uid or f"uid-{name}")
 
 
-def recorded(pod: dict[str, Any], inventory: Inventory, contract: Contract, slot: str) -> dict[str, Any]:
+def recorded(pod: dict[str, Any], inventory: UnitInventory, contract: Contract, slot: str) -> dict[str, Any]:
     """The pod with the plugin's allocation record (GPU 0, container main holding `slot`)."""
     out = copy.deepcopy(pod)
     annotations = out["metadata"]["annotations"]
@@ -64,7 +64,7 @@ def shown(usage: tuple[int, list[Holder]]) -> tuple[int, list[str]]:
     return usage[0], [str(h) for h in usage[1]]
 
 
-def test_the_index_answers_as_the_pod_list_does(inventory: Inventory, signer: Ed25519PrivateKey,
+def test_the_index_answers_as_the_pod_list_does(inventory: UnitInventory, signer: Ed25519PrivateKey,
                                                contract: Contract) -> None:
     ctx = ctx_for(inventory, signer, contract)
     index = NodeIndex(ctx)
@@ -87,7 +87,7 @@ def test_the_index_answers_as_the_pod_list_does(inventory: Inventory, signer: Ed
 
 
 def test_the_index_follows_changes_deletions_pins_and_a_broken_watch(
-    inventory: Inventory, signer: Ed25519PrivateKey, contract: Contract,
+    inventory: UnitInventory, signer: Ed25519PrivateKey, contract: Contract,
 ) -> None:
     ctx = ctx_for(inventory, signer, contract)
     index = NodeIndex(ctx)
@@ -120,7 +120,7 @@ def deleted(pod: dict[str, Any], version: str, state: str | None) -> dict[str, A
 
 
 def test_a_deletion_and_each_container_state_count_the_pod_again(
-    inventory: Inventory, signer: Ed25519PrivateKey, contract: Contract,
+    inventory: UnitInventory, signer: Ed25519PrivateKey, contract: Contract,
 ) -> None:
     ctx = ctx_for(inventory, signer, contract)
     index = NodeIndex(ctx)
@@ -137,7 +137,7 @@ def test_a_deletion_and_each_container_state_count_the_pod_again(
     assert index.usage_on(0) == (0, [])
 
 
-def test_a_pod_version_is_verified_once(inventory: Inventory, signer: Ed25519PrivateKey, contract: Contract,
+def test_a_pod_version_is_verified_once(inventory: UnitInventory, signer: Ed25519PrivateKey, contract: Contract,
                                         monkeypatch: pytest.MonkeyPatch) -> None:
     ctx = ctx_for(inventory, signer, contract)
     index = NodeIndex(ctx)

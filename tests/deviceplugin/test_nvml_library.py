@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from deviceplugin.inventory import HEALTHY, UNHEALTHY, load_inventory
+from deviceplugin.devices import HEALTHY, UNHEALTHY, UnitInventory
 from deviceplugin.main import Plugin
 from e2e import fakenvml
+from node.inventory import load_inventory
 from tests.harness.kubelet.scripted import TestKubelet
 from tests.harness.nvml import library_dir
 from tests.harness.plugin.fakes import NODE, FakeApiServer, plugin_settings
@@ -41,7 +42,7 @@ def events(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 
 
 def test_the_inventory_reads_the_gpus_through_nvidia_ml_py(events: Path) -> None:
-    inventory = load_inventory("", NODE, "GiB", 4096)
+    inventory = UnitInventory.of(load_inventory("", NODE, "GiB"), 4096)
     assert inventory.real
     assert [(g.index, g.uuid, g.memory_units, g.minor) for g in inventory.gpus] == [(0, U0, 16, 0), (1, U1, 140, None)]
     assert len(inventory.devices()) == 156

@@ -12,8 +12,8 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from contract import DEV, IDX, Contract, parse_allocation
+from deviceplugin.devices import UnitInventory
 from deviceplugin.errors import PluginError
-from deviceplugin.inventory import Inventory
 from deviceplugin.pins import Pin, Pins, moved
 from deviceplugin.resolve import Holding
 from deviceplugin.service import Service
@@ -60,7 +60,7 @@ def test_the_first_pin_stays_and_gone_pods_are_forgotten() -> None:
 
 
 @pytest.fixture
-def node(tmp_path: Path, inventory: Inventory, signer: Ed25519PrivateKey) -> Iterator[tuple[FakeApiServer, Any]]:
+def node(tmp_path: Path, inventory: UnitInventory, signer: Ed25519PrivateKey) -> Iterator[tuple[FakeApiServer, Any]]:
     api = FakeApiServer()
     ids = tuple(device for device, _ in inventory.devices()[:2])
     holdings = FakeHoldings([Holding("team", "p", "main", ids)])
@@ -82,7 +82,7 @@ def start_pod(api: FakeApiServer, contract: Contract, signer: Ed25519PrivateKey)
     api.add(assigned(admitted(unit_pod("p", {"main": 2}), contract, signer), 0, 8))
 
 
-def move_to_gpu_1(api: FakeApiServer, inventory: Inventory, contract: Contract) -> None:
+def move_to_gpu_1(api: FakeApiServer, inventory: UnitInventory, contract: Contract) -> None:
     """IDX and a consistent allocation record, both rewritten to GPU 1."""
     pod = api.pod("team", "p")
     annotations = pod["metadata"]["annotations"]
@@ -93,7 +93,7 @@ def move_to_gpu_1(api: FakeApiServer, inventory: Inventory, contract: Contract) 
 
 @pytest.mark.parametrize("restarted", [False, True], ids=["running plugin", "restarted plugin"])
 def test_a_moved_pod_is_refused(
-    node: tuple[FakeApiServer, Any], inventory: Inventory, signer: Ed25519PrivateKey, contract: Contract,
+    node: tuple[FakeApiServer, Any], inventory: UnitInventory, signer: Ed25519PrivateKey, contract: Contract,
     restarted: bool,
 ) -> None:
     api, (make_service, ids) = node
@@ -114,7 +114,7 @@ def test_a_moved_pod_is_refused(
 
 
 def test_a_pod_moved_back_starts_again_and_a_gone_pod_is_unpinned(
-    node: tuple[FakeApiServer, Any], inventory: Inventory, signer: Ed25519PrivateKey, contract: Contract,
+    node: tuple[FakeApiServer, Any], inventory: UnitInventory, signer: Ed25519PrivateKey, contract: Contract,
 ) -> None:
     api, (make_service, ids) = node
     service = make_service()
@@ -134,7 +134,7 @@ def test_a_pod_moved_back_starts_again_and_a_gone_pod_is_unpinned(
 
 
 def test_a_restarted_plugin_that_cannot_list_pods_pins_at_the_next_start(
-    node: tuple[FakeApiServer, Any], inventory: Inventory, signer: Ed25519PrivateKey, contract: Contract,
+    node: tuple[FakeApiServer, Any], inventory: UnitInventory, signer: Ed25519PrivateKey, contract: Contract,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     api, (make_service, ids) = node

@@ -22,13 +22,14 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from deviceplugin.api import deviceplugin_pb2 as pb
 from deviceplugin.api import deviceplugin_pb2_grpc
-from deviceplugin.inventory import Inventory, fake_gpus
+from deviceplugin.devices import UnitInventory
 from deviceplugin.kubelet import RegistrationError, register
 from deviceplugin.main import Plugin
 from deviceplugin.resolve import slot_of
 from deviceplugin.server import OPTIONS
 from deviceplugin.settings import PluginSettings
 from deviceplugin.sockets import clear_stale
+from node.inventory import fake_gpus
 from tests.harness.kubelet.scripted import TestKubelet
 from tests.harness.plugin.fakes import NODE, FakeApiServer, plugin_settings
 from tests.harness.pods import admitted, assigned, unit_pod
@@ -50,7 +51,7 @@ class Node:
     plugins: list[Plugin] = field(default_factory=list)
 
     def start_plugin(self, **changes: Any) -> Plugin:
-        inventory = Inventory(fake_gpus("2x8GiB", NODE, "GiB"), "GiB", 4096)
+        inventory = UnitInventory(fake_gpus("2x8GiB", NODE, "GiB"), "GiB", 4096)
         plugin = Plugin(dataclasses.replace(self.settings, **changes), api=self.api, inventory=inventory,
                         public_key=self.signer.public_key())
         self.plugins.append(plugin)

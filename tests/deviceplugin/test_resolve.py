@@ -12,8 +12,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from contract import ASSIGNED, DEV, IDX, POD, Contract, parse_allocation, signing
 from contract.modes import Placement
+from deviceplugin.devices import UnitInventory
 from deviceplugin.errors import Refusal
-from deviceplugin.inventory import Gpu, Inventory
 from deviceplugin.offers import allocation_candidates
 from deviceplugin.placement import best_fit, preferred_devices
 from deviceplugin.resolve import (
@@ -28,6 +28,7 @@ from deviceplugin.resolve import (
     validate,
 )
 from deviceplugin.trust import Context
+from node.inventory import Gpu
 from tests.harness.plugin.fakes import NODE
 from tests.harness.pods import admitted, assigned, unit_pod
 
@@ -35,7 +36,7 @@ IDS = [f"GPU-x-_-{n}" for n in range(4)]
 
 
 def ctx_for(
-    inventory: Inventory, signer: Ed25519PrivateKey, contract: Contract, placement: Placement = "extender"
+    inventory: UnitInventory, signer: Ed25519PrivateKey, contract: Contract, placement: Placement = "extender"
 ) -> Context:
     return Context(contract, NODE, signer.public_key(), {g.index: g for g in inventory.gpus}, inventory.healthy,
                    placement)
@@ -227,7 +228,7 @@ def record_for_other_gpu(pod: dict[str, Any]) -> None:
 )
 def test_refusals_name_the_pod_and_the_fix(
     edit: Callable[[dict[str, Any]], None], reason: str, text: str,
-    inventory: Inventory, signer: Ed25519PrivateKey, contract: Contract,
+    inventory: UnitInventory, signer: Ed25519PrivateKey, contract: Contract,
 ) -> None:
     pod = good_pod(contract, signer)
     edit(pod)
@@ -239,19 +240,19 @@ def test_refusals_name_the_pod_and_the_fix(
 
 
 def test_container_holding_other_than_its_intent_is_refused(
-    inventory: Inventory, signer: Ed25519PrivateKey, contract: Contract
+    inventory: UnitInventory, signer: Ed25519PrivateKey, contract: Contract
 ) -> None:
     with pytest.raises(Refusal, match="holds 3 GiB of devices but its intent asks for 4 GiB"):
         validate(good_pod(contract, signer), ["main"], IDS[:3], ctx_for(inventory, signer, contract), [])
 
 
-def test_unhealthy_gpu_is_refused(inventory: Inventory, signer: Ed25519PrivateKey, contract: Contract) -> None:
+def test_unhealthy_gpu_is_refused(inventory: UnitInventory, signer: Ed25519PrivateKey, contract: Contract) -> None:
     inventory.set_health(0, False)
     with pytest.raises(Refusal, match="unhealthy"):
         validate(good_pod(contract, signer), ["main"], IDS, ctx_for(inventory, signer, contract), [])
 
 
-def test_gpu_without_room_is_refused(inventory: Inventory, signer: Ed25519PrivateKey, contract: Contract) -> None:
+def test_gpu_without_room_is_refused(inventory: UnitInventory, signer: Ed25519PrivateKey, contract: Contract) -> None:
     others = [
         bound(assigned(admitted(unit_pod(f"o{i}", {"main": 3}), contract, signer), 0, 8), uid=f"o{i}") for i in range(2)
     ]
@@ -275,7 +276,7 @@ def deleted(pod: dict[str, Any], **states: str) -> dict[str, Any]:
 
 @pytest.mark.parametrize("placement", ["extender", "node"])
 def test_a_pod_being_deleted_is_not_started(
-    inventory: Inventory, signer: Ed25519PrivateKey, contract: Contract, placement: Placement
+    inventory: UnitInventory, signer: Ed25519PrivateKey, contract: Contract, placement: Placement
 ) -> None:
     with pytest.raises(Refusal) as caught:
         validate(deleted(good_pod(contract, signer)), ["main"], IDS, ctx_for(inventory, signer, contract, placement),
@@ -285,7 +286,7 @@ def test_a_pod_being_deleted_is_not_started(
 
 
 def test_pods_being_deleted_hold_room_only_while_they_run(
-    inventory: Inventory, signer: Ed25519PrivateKey, contract: Contract
+    inventory: UnitInventory, signer: Ed25519PrivateKey, contract: Contract
 ) -> None:
     def other(name: str, units: int) -> dict[str, Any]:
         return bound(assigned(admitted(unit_pod(name, {"main": units}), contract, signer), 0, 8), uid=name)
@@ -303,7 +304,7 @@ def test_pods_being_deleted_hold_room_only_while_they_run(
     assert isinstance(validate(good_pod(contract, signer), ["main"], IDS, ctx, [stopped]), Accepted)
 
 
-def test_node_placement_asks_for_a_gpu(inventory: Inventory, signer: Ed25519PrivateKey, contract: Contract) -> None:
+def test_node_placement_asks_for_a_gpu(inventory: UnitInventory, signer: Ed25519PrivateKey, contract: Contract) -> None:
     pod = good_pod(contract, signer)
     not_placed(pod)
     verdict = validate(pod, ["main"], IDS, ctx_for(inventory, signer, contract, "node"), [])
@@ -311,7 +312,7 @@ def test_node_placement_asks_for_a_gpu(inventory: Inventory, signer: Ed25519Priv
 
 
 def test_accepted_records_and_is_idempotent(
-    inventory: Inventory, signer: Ed25519PrivateKey, contract: Contract
+    inventory: UnitInventory, signer: Ed25519PrivateKey, contract: Contract
 ) -> None:
     pod = bound(assigned(admitted(unit_pod("p", {"a": 2, "b": 3}, init={"setup": 2}), contract, signer), 1, 8))
     ctx = ctx_for(inventory, signer, contract)
@@ -370,7 +371,7 @@ def test_preferred_devices(must: list[str], size: int, handed: dict[str, int], e
     assert preferred_devices(available, must, size, handed) == expected
 
 
-def test_allocation_candidates(inventory: Inventory, signer: Ed25519PrivateKey, contract: Contract) -> None:
+def test_allocation_candidates(inventory: UnitInventory, signer: Ed25519PrivateKey, contract: Contract) -> None:
     ctx = ctx_for(inventory, signer, contract)
     ok = good_pod(contract, signer)
     unstamped = bound(assigned(unit_pod("raw", {"main": 2}), 0, 8), uid="raw")

@@ -8,10 +8,10 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from contract import Contract
 from contract.modes import Placement
-from deviceplugin.inventory import Gpu
 from deviceplugin.room import deleting_refusal, room_refusal
 from deviceplugin.trust import Context
 from deviceplugin.usage import Holder
+from node.inventory import Gpu
 
 GPU = Gpu(0, "GPU-a", 8)
 WHO = "pod team/new (container 'main')"

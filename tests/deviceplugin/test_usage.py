@@ -13,8 +13,8 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from contract import IDX, POD, Contract, signing
+from deviceplugin.devices import UnitInventory
 from deviceplugin.errors import Refusal
-from deviceplugin.inventory import Inventory
 from deviceplugin.pins import Pin
 from deviceplugin.resolve import Accepted, Holding, validate
 from deviceplugin.service import Service
@@ -26,7 +26,7 @@ from tests.harness.pods import admitted, assigned, unit_pod
 IDS = [f"GPU-x-_-{n}" for n in range(4)]
 
 
-def ctx_for(inventory: Inventory, signer: Ed25519PrivateKey, contract: Contract) -> Context:
+def ctx_for(inventory: UnitInventory, signer: Ed25519PrivateKey, contract: Contract) -> Context:
     return Context(contract, NODE, signer.public_key(), {g.index: g for g in inventory.gpus}, inventory.healthy)
 
 
@@ -99,7 +99,7 @@ CASES: list[tuple[str, Maker, int]] = [
 
 @pytest.mark.parametrize(("extra", "make", "expected"), CASES, ids=[c[0] for c in CASES])
 def test_only_believed_pods_count(
-    inventory: Inventory, signer: Ed25519PrivateKey, contract: Contract, extra: str, make: Maker, expected: int
+    inventory: UnitInventory, signer: Ed25519PrivateKey, contract: Contract, extra: str, make: Maker, expected: int
 ) -> None:
     ctx = ctx_for(inventory, signer, contract)
     pods = [believed("ok", 3, 1, contract, signer), make("extra", contract, signer)]
@@ -109,7 +109,8 @@ def test_only_believed_pods_count(
 
 @pytest.mark.parametrize("make", [forged_keys, copied_intent, resigned, huge_index])
 def test_unbelieved_pods_are_reported_once(
-    inventory: Inventory, signer: Ed25519PrivateKey, contract: Contract, make: Maker, caplog: pytest.LogCaptureFixture
+    inventory: UnitInventory, signer: Ed25519PrivateKey, contract: Contract, make: Maker,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     ctx = ctx_for(inventory, signer, contract)
     pods = [believed("ok", 3, 1, contract, signer), make("bad", contract, signer)]
@@ -121,7 +122,7 @@ def test_unbelieved_pods_are_reported_once(
 
 
 def test_a_gpu_filled_by_forged_pods_still_takes_a_believed_one(
-    inventory: Inventory, signer: Ed25519PrivateKey, contract: Contract
+    inventory: UnitInventory, signer: Ed25519PrivateKey, contract: Contract
 ) -> None:
     ctx = ctx_for(inventory, signer, contract)
     others = [forged("f1", "0", "8", contract, signer), huge_index("f2", contract, signer),
@@ -132,7 +133,9 @@ def test_a_gpu_filled_by_forged_pods_still_takes_a_believed_one(
         validate(pod, ["m"], IDS, ctx, [*others, believed("q", 6, 0, contract, signer)])
 
 
-def test_a_pinned_pod_counts_where_it_runs(inventory: Inventory, signer: Ed25519PrivateKey, contract: Contract) -> None:
+def test_a_pinned_pod_counts_where_it_runs(
+    inventory: UnitInventory, signer: Ed25519PrivateKey, contract: Contract
+) -> None:
     ctx = ctx_for(inventory, signer, contract)
     pod = believed("p", 3, 0, contract, signer)
     ctx.pins.hold("p", Pin(0, inventory.gpus[0].uuid))
@@ -167,7 +170,7 @@ def record(pod: dict[str, Any], ctx: Context, **change: Any) -> dict[str, Any]:
     ],
 )
 def test_pins_are_rebuilt_from_sound_records(
-    inventory: Inventory, signer: Ed25519PrivateKey, contract: Contract, change: dict[str, str], pinned: bool
+    inventory: UnitInventory, signer: Ed25519PrivateKey, contract: Contract, change: dict[str, str], pinned: bool
 ) -> None:
     ctx = ctx_for(inventory, signer, contract)
     pod = record(believed("p", 4, 0, contract, signer), ctx, **change)
@@ -177,7 +180,7 @@ def test_pins_are_rebuilt_from_sound_records(
 
 
 def test_a_pod_that_cannot_be_read_fails_no_other_start(
-    tmp_path: Path, inventory: Inventory, signer: Ed25519PrivateKey, contract: Contract,
+    tmp_path: Path, inventory: UnitInventory, signer: Ed25519PrivateKey, contract: Contract,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     api = FakeApiServer()
@@ -232,7 +235,7 @@ DELETIONS: list[tuple[str, Edit, int, int]] = [
 
 @pytest.mark.parametrize(("case", "edit", "units", "leaving"), DELETIONS, ids=[c[0] for c in DELETIONS])
 def test_a_pod_being_deleted_holds_units_only_while_it_may_run(
-    inventory: Inventory, signer: Ed25519PrivateKey, contract: Contract, case: str, edit: Edit, units: int,
+    inventory: UnitInventory, signer: Ed25519PrivateKey, contract: Contract, case: str, edit: Edit, units: int,
     leaving: int,
 ) -> None:
     ctx = ctx_for(inventory, signer, contract)

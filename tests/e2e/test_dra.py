@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 from contract.keys import DRA_DRIVER
-from deviceplugin.dra.servicer import CALL_HANDLERS
-from deviceplugin.inventory import fake_gpus
+from dra.servicer import CALL_HANDLERS
 from e2e import fakenvml, gpushare, matrix
 from e2e.cluster import Cluster
 from e2e.kube import Kubectl, KubeError, Rest
+from node.inventory import fake_gpus
 from tests.harness.cluster import dra
 from tests.harness.cluster import workloads as w
 from tests.harness.cluster.stall import StallRelay
@@ -107,7 +107,7 @@ def test_a_restart_while_pods_pull_loses_nothing(driver: Cluster, kubectl: Kubec
     assert out.over_committed == {} and out.started == out.on_claimed_gpu == 8, out
 
 
-# What the driver answers for a claim it could not read in time (deviceplugin/dra/driver.py, servicer.py).
+# What the driver answers for a claim it could not read in time (dra/driver.py, servicer.py).
 OUR_ANSWERS = ("could not be read from the API server", "the gpushare DRA driver could not")
 
 

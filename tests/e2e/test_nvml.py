@@ -8,10 +8,10 @@ import json
 import time
 from typing import Any
 
-from deviceplugin.inventory import fake_gpus
 from e2e import fakenvml
 from e2e.cluster import Cluster
 from e2e.kube import Kubectl
+from node.inventory import fake_gpus
 
 RESOURCE = "aliyun.com/gpu-mem"
 COUNT = "aliyun.com/gpu-count"

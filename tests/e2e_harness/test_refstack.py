@@ -12,12 +12,12 @@ import pytest
 import yaml
 
 from contract import ASSIGNED, ASSUME_TIME, IDX
-from deviceplugin.inventory import fake_gpus
 from e2e import audit, extender
 from e2e.control import EXTENDER_USER, scheduler_config
 from e2e.refalloc import decide
 from e2e.refstack import reference_rbac
 from e2e.settings import from_environ
+from node.inventory import fake_gpus
 
 GPUS = fake_gpus("2x16GiB", "node-a", "GiB")
 RESOURCE = "aliyun.com/gpu-mem"

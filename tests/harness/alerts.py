@@ -25,12 +25,13 @@ from certs.build import dev_bundle
 from certs.cli import write_files
 from common.buildinfo import BuildInfo
 from contract import Contract
-from deviceplugin.dra.main import DraPlugin
-from deviceplugin.dra.settings import dra_settings_from
-from deviceplugin.inventory import Inventory, fake_gpus
+from deviceplugin.devices import UnitInventory
 from deviceplugin.metrics import NodeCollector, PluginMetrics
 from deviceplugin.trust import Context
+from dra.main import DraPlugin
+from dra.settings import dra_settings_from
 from e2e.kube import Kubectl
+from node.inventory import fake_gpus
 from tests.harness import promtool
 from webhook.server.metrics import CertificateExpiry, ConnectionMetrics, WebhookMetrics, WireMetrics
 
@@ -110,7 +111,7 @@ def series_of(text: str, target: Target) -> dict[Series, float]:
 def product_registries(folder: Path) -> dict[str, list[Collector]]:
     """Every collector each program serves, as the product defines them (fresh, nothing counted yet)."""
     write_files(folder, dev_bundle(datetime.datetime.now(datetime.UTC)))
-    inventory = Inventory(fake_gpus("2x8GiB", NODE, "GiB"), "GiB", 4096)
+    inventory = UnitInventory(fake_gpus("2x8GiB", NODE, "GiB"), "GiB", 4096)
     ctx = Context(contract=Contract(), node_name=NODE, public_key=Ed25519PrivateKey.generate().public_key(),
                   gpus={g.index: g for g in inventory.gpus}, healthy=inventory.healthy)
     plugin = PluginMetrics()

@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 
 from contract.keys import DRA_DRIVER
-from deviceplugin.inventory import fake_gpus
 from e2e import gpushare, install
 from e2e.cluster import Cluster
 from e2e.kube import Kubectl
+from node.inventory import fake_gpus
 from tests.harness import alerts
 from tests.harness.cluster import dra
 from tests.harness.cluster import workloads as w

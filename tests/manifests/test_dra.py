@@ -6,15 +6,16 @@ from __future__ import annotations
 
 import inspect
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from contract.keys import DRA_DRIVER
-from deviceplugin.dra import settings as dra_settings
-from deviceplugin.dra.kube import KubeDra
-from deviceplugin.dra.slice import pool_slices
-from deviceplugin.inventory import Gpu
+from dra import settings as dra_settings
+from dra.kube import KubeDra
+from dra.resourceapi import ResourceV1
+from dra.slice import pool_slices
+from node.inventory import Gpu
+from tests.harness.dra.fakes import RecordingClient
 from tests.harness.manifests.render import (
     NAMESPACE,
     OVERLAYS,
@@ -55,17 +56,6 @@ def test_the_component_adds_the_class_the_rbac_and_the_policies(overlay: str, tm
         assert by_kind["ValidatingAdmissionPolicyBinding", name]["spec"]["policyName"] == name
 
 
-class _Recorder:
-    """KubeApiServer.resource_v1, recording the kubernetes client operation of each call."""
-
-    def __init__(self) -> None:
-        self.operations: list[str] = []
-
-    def resource_v1(self, what: str, operation: str, *args: Any, **kwargs: Any) -> dict[str, Any] | None:
-        self.operations.append(operation)
-        return {"items": []}
-
-
 _CLIENT_VERBS = {"read": "get", "list": "list", "create": "create", "replace": "update", "patch": "patch",
                  "delete": "delete"}
 
@@ -81,8 +71,8 @@ def _request(operation: str) -> tuple[str, str]:
 
 def _driver_requests() -> set[tuple[str, str]]:
     """Every request the driver makes, through every method of its API adapter."""
-    api = _Recorder()
-    kube = KubeDra(api)
+    client = RecordingClient({"items": []})
+    kube = KubeDra(ResourceV1(client))
     methods = {name for name, _ in inspect.getmembers(KubeDra, inspect.isfunction) if not name.startswith("_")}
     assert methods == {"get_claim", "list_slices", "write_slice", "delete_slice"}, "a new call needs its RBAC here"
     [body] = pool_slices("node-a", [Gpu(0, "GPU-a", 16)], set(), "GiB")
@@ -91,7 +81,7 @@ def _driver_requests() -> set[tuple[str, str]]:
     kube.write_slice(body)
     kube.write_slice({**body, "metadata": {"name": "stored", "resourceVersion": "7"}})
     kube.delete_slice("stored")
-    return {_request(operation) for operation in api.operations}
+    return {_request(operation) for _, operation, _, _ in client.requests}
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from contract.keys import DRA_DRIVER
-from deviceplugin.dra.slice import pool_slices, slice_prefix
-from deviceplugin.inventory import Gpu
+from dra.slice import pool_slices, slice_prefix
+from node.inventory import Gpu
 from tests.harness.apiserver import policies
 from tests.harness.manifests.render import NAMESPACE, find, render_with_component
 

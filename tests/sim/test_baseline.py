@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from deviceplugin.inventory import fake_gpus
+from node.inventory import fake_gpus
 from tests.harness.apiserver.ports import MemoryClient, MemoryStore, Pod
 from tests.harness.kubelet.node import Kubelet, KubeletConfig
 from tests.harness.sim.baseline import BaselinePlugin, app_units, candidates

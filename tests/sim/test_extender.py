@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from contract import IDX, POD
-from deviceplugin.inventory import fake_gpus
+from node.inventory import fake_gpus
 from tests.harness.apiserver.ports import MemoryStore, Pod
 from tests.harness.sim.extender import EXTENDER_USER, Extender, Placement, SimNode, node_room, used_units
 from tests.harness.sim.scenario import PodShape

@@ -18,7 +18,8 @@ import pytest
 from deviceplugin.api import deviceplugin_pb2 as dp
 from deviceplugin.api import deviceplugin_pb2_grpc, podresources_pb2_grpc
 from deviceplugin.api import podresources_pb2 as pr
-from deviceplugin.inventory import Gpu, fake_gpus
+from deviceplugin.devices import device_ids
+from node.inventory import Gpu, fake_gpus
 from tests.harness.apiserver.ports import MemoryStore, Pod
 from tests.harness.kubelet.node import Kubelet, KubeletConfig
 
@@ -48,7 +49,7 @@ class ScriptedPlugin(deviceplugin_pb2_grpc.DevicePluginServicer):
                  prestart_failures: int = 0, prefer: Callable[[list[str], int], list[str]] | None = None) -> None:
         self.plugin_dir = plugin_dir
         self.prefer = prefer  # GetPreferredAllocation, offered only when given: (available, size) -> answer
-        self.devices = [d for g in gpus for d in g.device_ids()]
+        self.devices = [d for g in gpus for d in device_ids(g)]
         self.pre_start_required = pre_start_required
         self.allocate_fn = allocate or (lambda ids: dp.ContainerAllocateResponse(envs={"SLOT": ",".join(ids)}))
         self.prestart_failures = prestart_failures

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from deviceplugin.inventory import fake_gpus
+from node.inventory import fake_gpus
 from tests.harness.kubelet.runtime import (
     CUDA_IMAGE_ENV,
     CdiError,

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from deviceplugin.inventory import fake_gpus
+from node.inventory import fake_gpus
 from tests.harness.apiserver.ports import Pod
 from tests.harness.kubelet.runtime import ContainerRun
 from tests.harness.sim.invariants import Observation, check, summarize

@@ -22,12 +22,12 @@ from typing import Any
 
 from contract import IDX, POD
 from contract.keys import DEFAULT_RESOURCE
-from deviceplugin.inventory import fake_gpus
 from e2e import settings as ports
 from e2e.cluster import Cluster
 from e2e.images import REPORT
 from e2e.kube import Kubectl, kubectl_path
 from e2e.settings import E2eSettings
+from node.inventory import fake_gpus
 
 RESOURCE = DEFAULT_RESOURCE
 _LINE = re.compile(r"gpushare-e2e container=(?P<container>\S*) visible=(?P<visible>\S*) idx=(?P<idx>\S*) "

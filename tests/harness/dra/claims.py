@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from contract.keys import DRA_DRIVER
-from deviceplugin.dra.claims import ClaimRef
-from deviceplugin.inventory import Gpu
+from dra.claims import ClaimRef
+from node.inventory import Gpu
 
 NODE = "node-a"
 UID = "0b5e2a4c-1d9e-4f2a-8c3b-6a7d9e0f1a2b"

@@ -10,8 +10,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from contract.keys import DRA_DRIVER
-from deviceplugin.apiserver import ApiServerError, Conflict
-from deviceplugin.dra.slice import without_consumable_capacity
+from dra.slice import without_consumable_capacity
+from node.apiclient import ApiServerError, Conflict, KubeClient
 
 # k8s.io/apiserver pkg/storage/names/generate.go: the first 58 characters of generateName and five random ones (here
 # counted, so that tests read the same names each run).
@@ -35,7 +35,7 @@ class FakeClaims:
 
 
 class FakeDraApi(FakeClaims):
-    """The DRA driver's API server (deviceplugin.dra.main.DraApi): claims as FakeClaims, and ResourceSlices by name
+    """The DRA driver's API server (dra.main.DraApi): claims as FakeClaims, and ResourceSlices by name
     with a resourceVersion each, listed by node and driver as the field selector does; a create by generateName gets
     a new name, a create of a taken name or a write carrying a stale resourceVersion is refused as the API server
     does (409); `slice_failure` fails slice calls, `refused` the writes of the slices holding the named devices;
@@ -102,3 +102,31 @@ def _uses_consumable_capacity(slice_: Mapping[str, Any]) -> bool:
     """k8s.io/kubernetes v1.35.4 pkg/registry/resource/resourceslice/strategy.go draConsumableCapacityFeatureInUse."""
     return any("allowMultipleAllocations" in d or any("requestPolicy" in c for c in (d.get("capacity") or {}).values())
                for d in slice_["spec"]["devices"])
+
+
+class _Operation:
+    """A method of a kubernetes client API class, known by its name."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+class _ApiClass:
+    def __getattr__(self, name: str) -> _Operation:
+        return _Operation(name)
+
+
+class RecordingClient(KubeClient):
+    """node.apiclient.KubeClient without a server: records each request as (what, client operation, arguments) and
+    answers `answer`."""
+
+    def __init__(self, answer: dict[str, Any] | None = None) -> None:  # no credentials, no connection
+        self.answer = answer
+        self.requests: list[tuple[str, str, tuple[Any, ...], dict[str, Any]]] = []
+
+    def api(self, name: str, fix: str) -> Any:
+        return _ApiClass()
+
+    def read(self, what: str, method: Any, *args: Any, **kwargs: Any) -> dict[str, Any] | None:
+        self.requests.append((what, method.name, args, kwargs))
+        return self.answer

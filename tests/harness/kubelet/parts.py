@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from contract import DEFAULT_RESOURCE, ProtocolError, container_units
-from deviceplugin.inventory import Gpu
+from node.inventory import Gpu
 from tests.harness.apiserver.ports import Pod, now_rfc3339
 
 

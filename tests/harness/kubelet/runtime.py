@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from deviceplugin.api import deviceplugin_pb2 as dp
-from deviceplugin.delivery import FAKE_GPU_MOUNT
-from deviceplugin.inventory import Gpu
+from node.cdiedits import FAKE_GPU_MOUNT
+from node.inventory import Gpu
 
 _FIELD_RE = re.compile(r"^metadata\.(annotations|labels)\['([^']*)'\]$")
 

@@ -11,10 +11,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from deviceplugin.apiserver import ApiServerError, Conflict, PodListener
+from deviceplugin.apiserver import PodListener
 from deviceplugin.checkpoint import Checkpoint
 from deviceplugin.resolve import Holding
 from deviceplugin.settings import PluginSettings, settings_from
+from node.apiclient import ApiServerError, Conflict
 
 NODE = "node-a"
 

@@ -11,8 +11,9 @@ from typing import Any
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from contract import Contract
-from deviceplugin.inventory import Inventory, fake_gpus
+from deviceplugin.devices import UnitInventory
 from deviceplugin.main import Plugin
+from node.inventory import fake_gpus
 from tests.harness.kubelet.scripted import TestKubelet
 from tests.harness.plugin.fakes import NODE, FakeApiServer, plugin_settings
 from tests.harness.pods import admitted, assigned, unit_pod
@@ -23,7 +24,7 @@ class Rig:
     kubelet: TestKubelet
     plugin: Plugin
     api: FakeApiServer
-    inventory: Inventory
+    inventory: UnitInventory
     signer: Ed25519PrivateKey
     contract: Contract
     tmp: Path
@@ -40,7 +41,7 @@ def make_rig(tmp: Path, gpus: str = "2x8GiB", kubelet_class: type[TestKubelet] =
              **env: str) -> Generator[Rig, None, None]:
     # A poll of an hour: re-registration after a kubelet restart must come from the directory watch.
     settings = dataclasses.replace(plugin_settings(str(tmp), **env), watch_interval_seconds=3600.0)
-    inventory = Inventory(fake_gpus(gpus, NODE, "GiB"), "GiB", 4096)
+    inventory = UnitInventory(fake_gpus(gpus, NODE, "GiB"), "GiB", 4096)
     api = FakeApiServer()
     signer = Ed25519PrivateKey.generate()
     kubelet = kubelet_class(settings.device_plugin_dir, settings.pod_resources_socket,

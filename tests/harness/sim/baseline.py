@@ -22,9 +22,9 @@ import grpc
 from contract import DEFAULT_RESOURCE
 from deviceplugin.api import deviceplugin_pb2 as dp
 from deviceplugin.api import deviceplugin_pb2_grpc
-from deviceplugin.inventory import Gpu
 from e2e.refalloc import Decision, app_units, assigned_patch, candidates, decide, no_gpu
 from e2e.refservice import ReferenceService
+from node.inventory import Gpu
 from tests.harness.apiserver.ports import ApiError, PodApi
 
 __all__ = ["BaselinePlugin", "app_units", "candidates"]

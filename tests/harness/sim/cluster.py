@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Literal, Protocol
 
 from contract import DEFAULT_RESOURCE
-from deviceplugin.inventory import fake_gpus
+from node.inventory import fake_gpus
 from tests.harness.apiserver.auth import pod_token, service_account, user
 from tests.harness.apiserver.client import SimClient
 from tests.harness.apiserver.configs import load_yaml_documents

@@ -40,7 +40,7 @@ from contract import (
     parse_assignment,
     read_annotations,
 )
-from deviceplugin.inventory import Gpu
+from node.inventory import Gpu
 from tests.harness.apiserver.ports import ApiError, Pod, PodApi
 
 log = logging.getLogger(__name__)

@@ -6,8 +6,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from contract import DEFAULT_PREFIX, POD, ProtocolError, parse_allocation, parse_assignment, read_annotations
-from deviceplugin.inventory import Gpu
 from kubectlplugin.events import PLUGIN_COMPONENT
+from node.inventory import Gpu
 from tests.harness.apiserver.ports import Pod
 from tests.harness.kubelet.node import ContainerRun
 

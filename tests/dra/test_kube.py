@@ -1,0 +1,73 @@
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+
+from dra.claims import ClaimError
+from dra.kube import KubeDra
+from dra.slice import pool_slices
+from tests.harness.dra.claims import GPUS, NODE, claim
+
+
+class FakeResourceApi:
+    """dra.resourceapi.ResourceV1 over a dict of objects by name, recording each call with its arguments."""
+
+    def __init__(self, *objects: dict[str, Any]) -> None:
+        self.objects = {o["metadata"]["name"]: o for o in objects}
+        self.calls: list[tuple[str, tuple[Any, ...]]] = []
+
+    def read_claim(self, namespace: str, name: str) -> dict[str, Any] | None:
+        self.calls.append(("read_claim", (namespace, name)))
+        return self.objects.get(name)
+
+    def list_slices(self, node: str, driver: str) -> dict[str, Any] | None:
+        self.calls.append(("list_slices", (node, driver)))
+        return {"items": list(self.objects.values())}
+
+    def create_slice(self, body: Mapping[str, Any]) -> dict[str, Any] | None:
+        self.calls.append(("create_slice", ()))
+        metadata = body["metadata"]
+        return self._store({**body, "metadata": {**metadata, "name": f"{metadata['generateName']}"
+                                                 f"{len(self.objects):05d}"}})
+
+    def replace_slice(self, name: str, body: Mapping[str, Any]) -> dict[str, Any] | None:
+        self.calls.append(("replace_slice", (name,)))
+        return self._store(dict(body))
+
+    def delete_slice(self, name: str) -> None:
+        self.calls.append(("delete_slice", (name,)))
+        self.objects.pop(name, None)
+
+    def _store(self, body: dict[str, Any]) -> dict[str, Any]:
+        self.objects[body["metadata"]["name"]] = body
+        return body
+
+
+def test_get_claim_reads_by_namespace_and_name() -> None:
+    doc = claim()
+    assert KubeDra(FakeResourceApi(doc)).get_claim("team", "gpu-claim") == doc
+
+
+def test_missing_claim_is_a_claim_error() -> None:
+    with pytest.raises(ClaimError, match="ResourceClaim team/gone does not exist"):
+        KubeDra(FakeResourceApi()).get_claim("team", "gone")
+
+
+def test_slices_are_created_by_generate_name_listed_by_node_and_driver_replaced_and_deleted() -> None:
+    api = FakeResourceApi()
+    kube = KubeDra(api)
+    first, second = pool_slices(NODE, GPUS, set(), "GiB")
+    created = kube.write_slice(first)
+    assert created is not None
+    assert created["metadata"]["name"] == f"{NODE}-gpushare.io-gpu-0-00000", "the slice as the API server answered"
+    kube.write_slice({**second, "metadata": {"name": "stored-gpu-1", "resourceVersion": "3"}})
+    assert [s["metadata"]["name"] for s in kube.list_slices(NODE)] == [created["metadata"]["name"], "stored-gpu-1"]
+    kube.delete_slice(created["metadata"]["name"])
+    assert api.calls == [
+        ("create_slice", ()),
+        ("replace_slice", ("stored-gpu-1",)),
+        ("list_slices", (NODE, "gpushare.io")),
+        ("delete_slice", (created["metadata"]["name"],)),
+    ]

@@ -72,7 +72,7 @@ def _dra_messages() -> list[tuple[str, str]]:
     """(where, the longest fixed part) of every message the DRA driver answers a claim with: its ClaimErrors, and
     the servicer's own answers for a claim it could not work on."""
     out = []
-    for path in sorted((REPO / "deviceplugin" / "dra").glob("*.py")):
+    for path in sorted((REPO / "dra").glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             message: ast.expr | None = None
             if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "ClaimError" and node.args:
@@ -107,6 +107,10 @@ def test_every_admission_policy_has_an_entry(policy: str) -> None:
 @pytest.mark.parametrize("reason", sorted(_plugin_reasons()))
 def test_every_device_plugin_refusal_has_an_entry(reason: str) -> None:
     assert _headed(reason), f"docs/troubleshooting.md has no ### entry for the device plugin's {reason}"
+
+
+def test_the_dra_driver_messages_are_found() -> None:
+    assert len(_dra_messages()) >= 5, "the DRA driver's messages moved: point _dra_messages at its package"
 
 
 @pytest.mark.parametrize(("where", "fragment"), _dra_messages(), ids=[w for w, _ in _dra_messages()])

@@ -170,12 +170,19 @@ def installed(cluster: Cluster) -> Iterator[Cluster]:
         assert_nothing_of_ours_left(kubectl)
 
 
-def _wire(targets: list[str]) -> dict[str, float]:
+def _wire(targets: list[str], kubectl: Kubectl) -> dict[str, float]:
     """What the webhook pods saw on the wire, added up: their metrics (port 9102), read from the node."""
     out: dict[str, float] = {}
     for ip in targets:
-        with urllib.request.urlopen(f"http://{ip}:9102/metrics", timeout=10) as answer:
-            text = answer.read().decode()
+        try:
+            with urllib.request.urlopen(f"http://{ip}:9102/metrics", timeout=10) as answer:
+                text = answer.read().decode()
+        except OSError as exc:
+            states = {p["metadata"]["name"]: (p["status"].get("podIP"), [
+                (c["restartCount"], c.get("lastState")) for c in p["status"].get("containerStatuses") or []])
+                for p in _ours(kubectl, "app.kubernetes.io/name=gpushare-webhook")}
+            raise AssertionError(f"the metrics of the webhook pod at {ip} could not be read ({exc}); "
+                                 f"the webhook pods: {states}") from exc
         for family in text_string_to_metric_families(text):
             for s in family.samples:
                 key = {"gpushare_webhook_connections_accepted_total": "accepted",
@@ -242,12 +249,12 @@ def test_a_reconnect_flood_from_pods_leaves_every_review_answered(installed: Clu
         kubectl.ok(["exec", "-n", gpushare.NAMESPACE, p["metadata"]["name"], "-c", "webhook", "--", "sh", "-c",
                     "kill -HUP 1"], timeout=60)
     time.sleep(5)
-    wire = _wire(targets)
+    wire = _wire(targets, kubectl)
     loud, made = _create(installed, kubectl, namespace, "f")
     _check(made, "during the flood")
     failed_loud, durations_loud = _calls(kubectl)
     assert failed_loud == failed, "the API server counted failed calls to our entries during the flood"
-    wire = {k: v - wire.get(k, 0.0) for k, v in _wire(targets).items()}
+    wire = {k: v - wire.get(k, 0.0) for k, v in _wire(targets, kubectl).items()}
 
     def finished() -> bool:
         return all((p.get("status") or {}).get("phase") in ("Succeeded", "Failed")

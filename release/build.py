@@ -6,8 +6,8 @@
 
 The image is the one the real-cluster tier builds from the Dockerfile (e2e.projectimage: buildah on a base made with
 mmdebstrap, cached by the build context), written as an OCI archive with the release's version and revision labels;
-the chart is `helm package` of charts/gpushare; the SBOM is syft's CycloneDX document of that archive; SHA256SUMS
-covers every file. docs/release.md says how to cut a release and verify it.
+the chart is `helm package` of charts/gpushare; the SBOM is syft's CycloneDX document of that archive; the kubectl plugin comes as its
+wheel, its krew archive and the krew manifest; SHA256SUMS covers every file. docs/release.md says how to cut a release and verify it.
 """
 
 from __future__ import annotations
@@ -21,16 +21,20 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
+
 from common.settings import SettingsError
 from e2e import projectimage
 from e2e.install import InstallError, helm_binary
 from e2e.settings import E2eSettings
 from e2e.settings import from_environ as e2e_from_environ
 from e2e.toolchain import NEWER_GO
+from kubectlplugin import krew
 from release.artifacts import REVISION_LABEL, VERSION_LABEL, Artifacts, sha256sums, write_oci_archive
 from release.source import ReleaseError, Source, changelog_section, check_chart, read_source
 
 SYFT_PACKAGE = "github.com/anchore/syft/cmd/syft"
+PARTIAL = ".partial"  # the staging folder's suffix: build() renames it to the release folder at the end
 SYFT_VERSION = "v1.57.2"  # the newest syft release the Go module proxy served when this was written
 
 
@@ -38,12 +42,17 @@ SYFT_VERSION = "v1.57.2"  # the newest syft release the Go module proxy served w
 class ReleaseSettings:
     tools_cache: Path  # Go tools built once by version, beside charts/build-helm.sh's helm (GPUSHARE_TOOLS_CACHE)
     e2e: E2eSettings  # where e2e.projectimage keeps buildah's storage and the built image (GPUSHARE_E2E_CACHE)
+    download_url: str | None = None  # where the artifacts will be published (GPUSHARE_RELEASE_DOWNLOAD_URL)
 
 
 def from_environ(environ: Mapping[str, str] | None = None) -> ReleaseSettings:
     env = os.environ if environ is None else environ
     cache = env.get("GPUSHARE_TOOLS_CACHE") or str(Path(env.get("HOME", "/root")) / ".cache" / "gpushare-tools")
-    return ReleaseSettings(tools_cache=Path(cache), e2e=e2e_from_environ(env))
+    url = env.get("GPUSHARE_RELEASE_DOWNLOAD_URL", "").strip() or None
+    if url is not None and not url.startswith(("https://", "http://", "file://")):
+        raise SettingsError(f"GPUSHARE_RELEASE_DOWNLOAD_URL={url!r} is not a URL: give the https:// address of the "
+                            "folder the release's files are published in, or leave it unset")
+    return ReleaseSettings(tools_cache=Path(cache), e2e=e2e_from_environ(env), download_url=url)
 
 
 def _say(line: str) -> None:
@@ -120,8 +129,16 @@ def sbom_step(source: Source, artifacts: Artifacts, settings: ReleaseSettings) -
 
 
 def kubectl_plugin_step(source: Source, artifacts: Artifacts, settings: ReleaseSettings) -> None:
-    """Where the kubectl plugin's archives and its krew manifest plug in, once their packaging exists: they are
-    written into `artifacts.out`, and SHA256SUMS covers whatever lies there. Nothing yet."""
+    """`kubectl gpushare` on its own (kubectlplugin/krew.py): its wheel (`pip install` it), the krew archive of the
+    wheel and its launcher, and the krew manifest naming the archive where it will be downloaded from
+    (GPUSHARE_RELEASE_DOWNLOAD_URL; without it, the release folder itself, for `kubectl krew install --manifest`)."""
+    wheel = krew.build_wheel(artifacts.out, source.repo)
+    archive = artifacts.out / f"kubectl-gpushare-{source.version}.tar.gz"
+    digest = krew.write_archive(wheel, archive, source.repo)
+    final = artifacts.out.with_name(artifacts.out.name.removesuffix(PARTIAL))  # where build() renames the folder
+    base = settings.download_url.rstrip("/") if settings.download_url else final.resolve().as_uri()
+    document = krew.manifest(source.version, f"{base}/{archive.name}", digest)
+    (artifacts.out / f"gpushare-krew-{source.version}.yaml").write_text(yaml.safe_dump(document, sort_keys=False))
 
 
 Step = Callable[[Source, Artifacts, ReleaseSettings], None]
@@ -136,7 +153,7 @@ def build(source: Source, out: Path, settings: ReleaseSettings,
     build leaves no folder that looks complete."""
     check_chart(source.repo, source.version)
     notes = changelog_section((source.repo / "CHANGELOG.md").read_text(), source.version)
-    partial = out.with_name(out.name + ".partial")
+    partial = out.with_name(out.name + PARTIAL)
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
     staged = Artifacts(partial, source.version)

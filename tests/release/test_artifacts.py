@@ -10,8 +10,11 @@ import tarfile
 from pathlib import Path
 
 import pytest
+import yaml
 
 from charts.version import REPO, project_version
+from common.settings import SettingsError
+from kubectlplugin import krew
 from release.artifacts import (
     REF_NAME,
     REVISION_LABEL,
@@ -21,7 +24,7 @@ from release.artifacts import (
     sha256sums,
     write_oci_archive,
 )
-from release.build import STEPS, ReleaseSettings, Step, build, from_environ
+from release.build import STEPS, ReleaseSettings, Step, build, from_environ, kubectl_plugin_step
 from release.source import ReleaseError, Source
 
 LAYER = b"the layer's bytes"
@@ -133,3 +136,27 @@ def test_a_failed_step_leaves_no_release_folder(source: Source, tmp_path: Path) 
     with pytest.raises(ReleaseError, match="could not be built"):
         build(source, out, from_environ({"HOME": str(tmp_path)}), (("image", _fails),))
     assert not out.exists()
+
+
+@pytest.mark.parametrize("download_url", [None, "https://downloads.invalid/gpushare/0.1.0/"])
+def test_the_kubectl_plugin_step_writes_the_wheel_the_krew_archive_and_its_manifest(
+    source: Source, tmp_path: Path, download_url: str | None,
+) -> None:
+    staged = tmp_path / f"{source.version}.partial"
+    staged.mkdir()
+    env = {"HOME": str(tmp_path), **({"GPUSHARE_RELEASE_DOWNLOAD_URL": download_url} if download_url else {})}
+    kubectl_plugin_step(source, Artifacts(staged, source.version), from_environ(env))
+    archive = staged / f"kubectl-gpushare-{source.version}.tar.gz"
+    assert sorted(p.name for p in staged.iterdir()) == sorted([
+        f"kubectl_gpushare-{source.version}-py3-none-any.whl", archive.name, f"gpushare-krew-{source.version}.yaml"])
+    assert krew.archived_version(archive) == source.version
+    document = yaml.safe_load((staged / f"gpushare-krew-{source.version}.yaml").read_text())
+    (platform,) = document["spec"]["platforms"]
+    assert platform["sha256"] == krew.sha256(archive)
+    base = (download_url or (tmp_path / source.version).as_uri() + "/").rstrip("/")
+    assert platform["uri"] == f"{base}/{archive.name}"  # the folder build() renames the staging folder to
+
+
+def test_a_download_url_that_is_not_one_is_refused() -> None:
+    with pytest.raises(SettingsError, match="GPUSHARE_RELEASE_DOWNLOAD_URL='downloads' is not a URL"):
+        from_environ({"HOME": "/root", "GPUSHARE_RELEASE_DOWNLOAD_URL": "downloads"})

@@ -6,8 +6,9 @@
 
 The image is the one the real-cluster tier builds from the Dockerfile (e2e.projectimage: buildah on a base made with
 mmdebstrap, cached by the build context), written as an OCI archive with the release's version and revision labels;
-the chart is `helm package` of charts/gpushare; the SBOM is syft's CycloneDX document of that archive; the kubectl plugin comes as its
-wheel, its krew archive and the krew manifest; SHA256SUMS covers every file. docs/release.md says how to cut a release and verify it.
+the chart is `helm package` of charts/gpushare; the SBOM is syft's CycloneDX document of that archive; the kubectl
+plugin comes as its wheel, its krew archive and the krew manifest; SHA256SUMS covers every file. docs/release.md
+says how to cut a release and verify it.
 """
 
 from __future__ import annotations

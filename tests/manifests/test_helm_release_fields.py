@@ -16,6 +16,7 @@ import yaml
 
 from charts.knobs import CONFIG_CHECKSUM, HELM_LABELS, MANIFEST_LABELS
 from charts.release import pod_template
+from charts.version import project_version
 from tests.harness.manifests import helm
 from tests.harness.manifests.helm import CHART, Obj
 
@@ -167,15 +168,16 @@ def test_image_pull_secrets_reach_every_pod_of_the_chart(certificates: str) -> N
 
 
 DIGEST = "sha256:" + "0123456789abcdef" * 4
+VERSION = project_version()  # the chart's default image tag
 
 
 @pytest.mark.parametrize(("sets", "image"), [
-    ([], "gpushare:0.1.0"),
+    ([], f"gpushare:{VERSION}"),
     (["image.repository=registry.example/gpushare", "image.tag=1.2"], "registry.example/gpushare:1.2"),
     ([f"image.digest={DIGEST}"], f"gpushare@{DIGEST}"),
     (["image.repository=registry.example:5000/gpushare", "image.tag=1.2", f"image.digest={DIGEST}"],
      f"registry.example:5000/gpushare@{DIGEST}"),
-    (["image.digest="], "gpushare:0.1.0"),
+    (["image.digest="], f"gpushare:{VERSION}"),
 ])
 def test_every_container_runs_the_image_by_tag_or_by_digest(sets: list[str], image: str) -> None:
     objs = _render(sets=sets)

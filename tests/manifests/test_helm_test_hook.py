@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from charts.version import project_version
 from tests.harness.manifests import helm
 
 HOOK = {"helm.sh/hook": "test", "helm.sh/hook-delete-policy": "before-hook-creation,hook-succeeded"}
@@ -40,7 +41,7 @@ def test_helm_test_creates_a_pod_its_account_and_a_role_to_create_pods_in_defaul
 
 
 @pytest.mark.parametrize(("sets", "image"), [
-    ([], "gpushare:0.1.0"),
+    ([], f"gpushare:{project_version()}"),
     ([f"image.digest={DIGEST}", "image.repository=registry.example/gpushare"], f"registry.example/gpushare@{DIGEST}"),
 ])
 def test_the_test_pod_runs_the_selftest_in_the_releases_image(sets: list[str], image: str) -> None:

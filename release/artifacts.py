@@ -43,6 +43,18 @@ class Artifacts:
         return self.out / f"CHANGELOG-{self.version}.md"
 
     @property
+    def kubectl_wheel(self) -> Path:
+        return self.out / f"kubectl_gpushare-{self.version}-py3-none-any.whl"  # the name pip's wheel build gives it
+
+    @property
+    def kubectl_archive(self) -> Path:
+        return self.out / f"kubectl-gpushare-{self.version}.tar.gz"
+
+    @property
+    def krew_manifest(self) -> Path:
+        return self.out / f"gpushare-krew-{self.version}.yaml"
+
+    @property
     def sums(self) -> Path:
         return self.out / SUMS
 

@@ -134,12 +134,15 @@ def kubectl_plugin_step(source: Source, artifacts: Artifacts, settings: ReleaseS
     wheel and its launcher, and the krew manifest naming the archive where it will be downloaded from
     (GPUSHARE_RELEASE_DOWNLOAD_URL; without it, the release folder itself, for `kubectl krew install --manifest`)."""
     wheel = krew.build_wheel(artifacts.out, source.repo)
-    archive = artifacts.out / f"kubectl-gpushare-{source.version}.tar.gz"
+    if wheel != artifacts.kubectl_wheel:
+        raise ReleaseError(f"the kubectl plugin's wheel is {wheel.name}, not {artifacts.kubectl_wheel.name}: is "
+                           "packaging/kubectl-gpushare's version the project's?")
+    archive = artifacts.kubectl_archive
     digest = krew.write_archive(wheel, archive, source.repo)
     final = artifacts.out.with_name(artifacts.out.name.removesuffix(PARTIAL))  # where build() renames the folder
     base = settings.download_url.rstrip("/") if settings.download_url else final.resolve().as_uri()
     document = krew.manifest(source.version, f"{base}/{archive.name}", digest)
-    (artifacts.out / f"gpushare-krew-{source.version}.yaml").write_text(yaml.safe_dump(document, sort_keys=False))
+    artifacts.krew_manifest.write_text(yaml.safe_dump(document, sort_keys=False))
 
 
 Step = Callable[[Source, Artifacts, ReleaseSettings], None]

@@ -22,7 +22,9 @@ def test_every_artifact_is_in_sha256sums_and_checks(releases: Releases) -> None:
                           check=False)
     assert done.returncode == 0, done.stdout + done.stderr
     named = sorted(line.split("  ", 1)[1] for line in artifacts.sums.read_text().splitlines())
-    assert named == sorted(p.name for p in (artifacts.image, artifacts.chart, artifacts.sbom, artifacts.changelog))
+    every = (artifacts.image, artifacts.chart, artifacts.sbom, artifacts.changelog, artifacts.kubectl_wheel,
+             artifacts.kubectl_archive, artifacts.krew_manifest)
+    assert named == sorted(p.name for p in every)
 
 
 def test_the_image_is_tagged_and_labelled_with_the_version_and_the_commit(releases: Releases) -> None:

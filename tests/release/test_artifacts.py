@@ -145,10 +145,12 @@ def test_the_kubectl_plugin_step_writes_the_wheel_the_krew_archive_and_its_manif
     staged = tmp_path / f"{source.version}.partial"
     staged.mkdir()
     env = {"HOME": str(tmp_path), **({"GPUSHARE_RELEASE_DOWNLOAD_URL": download_url} if download_url else {})}
-    kubectl_plugin_step(source, Artifacts(staged, source.version), from_environ(env))
-    archive = staged / f"kubectl-gpushare-{source.version}.tar.gz"
+    artifacts = Artifacts(staged, source.version)
+    kubectl_plugin_step(source, artifacts, from_environ(env))
+    archive = artifacts.kubectl_archive
     assert sorted(p.name for p in staged.iterdir()) == sorted([
         f"kubectl_gpushare-{source.version}-py3-none-any.whl", archive.name, f"gpushare-krew-{source.version}.yaml"])
+    assert artifacts.kubectl_wheel.is_file() and artifacts.krew_manifest.is_file()
     assert krew.archived_version(archive) == source.version
     document = yaml.safe_load((staged / f"gpushare-krew-{source.version}.yaml").read_text())
     (platform,) = document["spec"]["platforms"]

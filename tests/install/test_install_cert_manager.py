@@ -118,7 +118,8 @@ class Loop:
         w.wait(f"{count} pods created by the loop", lambda: self.created + len(self.refused) >= count, timeout, 1)
 
 
-def _check_loop_pods(installed: Cluster, kubectl: Kubectl, namespace: str) -> tuple[int, list[str], list[str]]:
+def _check_loop_pods(installed: Cluster, kubectl: Kubectl, namespace: str,
+                     delivery: str = DELIVERY) -> tuple[int, list[str], list[str]]:
     """Every GPU-share pod of the loop that ran: on its recorded GPU. Returns (checked, wrong, the kubelet's own
     rejections): while the plugin's pod is replaced, the kubelet rejects the pods it admits (WHILE_REPLACED)."""
     def finished() -> list[dict[str, Any]]:
@@ -141,7 +142,7 @@ def _check_loop_pods(installed: Cluster, kubectl: Kubectl, namespace: str) -> tu
                 wrong.append(f"{name}: {reason} (events: {said})")
             continue
         rep = w.report(kubectl, namespace, name, "main")
-        got = None if rep is None else w.gpu_of(rep, DELIVERY, installed.settings.node_name,
+        got = None if rep is None else w.gpu_of(rep, delivery, installed.settings.node_name,
                                                 installed.settings.fake_gpus)
         checked += 1
         if got is None or got != w.assigned_index(p):

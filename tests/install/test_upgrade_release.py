@@ -9,6 +9,7 @@ Skipped, saying so, while no earlier version is tagged (the first release is bot
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -20,6 +21,7 @@ from tests.harness.cluster import scenarios
 from tests.harness.cluster import workloads as w
 from tests.harness.cluster.releases import Release, Releases
 from tests.install.test_install import PODS, _ours
+from tests.install.test_install_cert_manager import Loop, _check_loop_pods
 from tests.install.test_upgrade_names import _running_on_recorded_gpu, assert_kept_and_placing
 
 pytestmark = pytest.mark.usefixtures("needs_extender")
@@ -58,8 +60,22 @@ def test_an_upgrade_from_the_previous_release_keeps_pods_and_runs_the_new_image(
     offset = log.stat().st_size
     # The same values as the install but the image: the current release's tag.
     values = install.write_values(cluster, cluster.run / "install" / "upgrade-release.yaml", certificates="self-signed")
-    install.helm(cluster, "upgrade", install.RELEASE, str(cluster.chart), "--namespace", install.RELEASE_NAMESPACE,
-                 "-f", str(values), install.wait(), "--timeout", "5m", timeout=360)
+    try:
+        # Pods created throughout, every other one GPU-share: none refused at admission, none on a wrong GPU.
+        with Loop(cluster, namespace) as loop:
+            loop.until(20, 120)
+            install.helm(cluster, "upgrade", install.RELEASE, str(cluster.chart), "--namespace",
+                         install.RELEASE_NAMESPACE, "-f", str(values), install.wait(), "--timeout", "5m", timeout=360)
+            loop.until(120, 600)
+        checked, wrong, rejected = _check_loop_pods(cluster, kubectl, namespace, "env")  # write_values' default
+    finally:
+        kubectl.run(["delete", "--raw", f"/api/v1/namespaces/{namespace}/pods?labelSelector=loop"], timeout=120)
+    print(f"\nhelm upgrade {previous.version} -> {install.image_values(cluster)['tag']} while creating pods: "
+          f"{loop.created} created, {len(loop.refused)} refused at admission; {checked} GPU-share pods ran and were "
+          f"checked, {len(wrong)} failed or not on their GPU; {len(rejected)} rejected by the kubelet while the "
+          f"plugin re-registered: {rejected}", file=sys.stderr)
+    assert loop.refused == [], loop.refused[:5]
+    assert wrong == [], wrong[:10]
     w.wait("the upgraded plugin registered with the kubelet", lambda: scenarios.REGISTERED in log.read_bytes()[offset:],
            180, 2)
     install.wait_serving(cluster)

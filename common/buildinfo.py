@@ -10,10 +10,10 @@ from importlib import metadata
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from common.cli import DISTRIBUTION  # pyproject.toml's [project]: the one source of the version
+
 log = logging.getLogger(__name__)
 
-# The distribution pyproject.toml names: its [project] version is the one source of the version.
-DISTRIBUTION = "gpushare-webhook"
 UNKNOWN = "unknown"
 NAME = "gpushare_build_info"
 LABELS = ("program", "version", "python_version")

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from common.buildinfo import DISTRIBUTION, NAME, BuildInfo, installed_version
+from common.buildinfo import NAME, BuildInfo, installed_version
+from common.cli import DISTRIBUTION
 
 PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
 

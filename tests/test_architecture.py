@@ -124,8 +124,9 @@ def test_lower_layer_imports_only_what_is_below_it(package: str) -> None:
     assert not above, f"{package} imports {above}"
 
 
-# The admission rules are pure (STYLE.md rule 1): nothing in webhook/rules/ imports the server beside it, nor an
-# HTTP, TLS or event-loop framework, directly or through another module of ours (contract, common, ...).
+# The admission rules are pure (CONTRIBUTING.md, code conventions, rule 1): nothing in webhook/rules/ imports the
+# server beside it, nor an HTTP, TLS or event-loop framework, directly or through another module of ours (contract,
+# common, ...).
 
 RULES = "webhook/rules"
 SERVING = ("webhook.server", "flask", "werkzeug", "gunicorn", "asyncio", "ssl")

@@ -35,9 +35,8 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from common import heap
 from contract import ASSIGNED, Allocation, ContainerSlot, Contract
 from deviceplugin.api import deviceplugin_pb2 as pb
-from deviceplugin.devices import device_ids
+from deviceplugin.devices import device_ids, slot_of
 from deviceplugin.main import Plugin
-from deviceplugin.resolve import slot_of
 from deviceplugin.settings import settings_from
 from node.inventory import fake_gpus
 from tests.harness.apiserver.client import SimClient

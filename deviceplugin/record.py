@@ -26,7 +26,7 @@ class Records:
         self.index = index
         self.events = events
 
-    def allocated(self, pod: Mapping[str, Any], verdict: Accepted | LegacyAccepted) -> None:
+    def keep(self, pod: Mapping[str, Any], verdict: Accepted | LegacyAccepted) -> None:
         """Record the allocation (raises Conflict when the pod changed since it was read), then pin the pod; a pod of
         the previous device plugin is only pinned: nothing is written on it."""
         if isinstance(verdict, Accepted) and verdict.patch:

@@ -154,7 +154,7 @@ class Service:
                     continue  # judged again on the pod as placed
                 if isinstance(verdict, Accepted):  # else a pod of the previous plugin: it gets its kept answer
                     self.deliverer.deliver(pod, owner.containers, verdict, len(device_ids))
-                self.records.allocated(pod, verdict)
+                self.records.keep(pod, verdict)
                 how = f"slot {verdict.slot}" if isinstance(verdict, Accepted) else "the previous device plugin's answer"
                 log.info("PreStartContainer: pod %s container(s) %s get GPU %s (%s)",
                          verdict.ref, ",".join(owner.containers), verdict.gpu.index, how)

@@ -8,9 +8,10 @@ over real unix sockets (PodResources Get on, as in Kubernetes 1.34, and answered
 Each latency gets a fresh node. The API server runs in a process of its own, as in a cluster: the plugin's process
 holds what a plugin's does, plus the test kubelet and this client, and freezes its start-up heap as the plugin's
 run() does (common/heap.py). The node is filled with running, allocated pods; then new pods are created one at a
-time and the kubelet's calls for each are timed:
-Allocate (its GetPreferredAllocation not counted) and PreStartContainer (resolution, validation, a GET and a PATCH
-of the pod).
+time, the kubelet's calls for each are timed, and each is deleted again, so the node holds the same pods throughout a
+size: Allocate (its GetPreferredAllocation not counted) and PreStartContainer (resolution, validation, a GET and a
+PATCH of the pod). The first size is preceded by a few new pods that are not timed: a fresh plugin opens its
+connections on its first calls.
 Baselines measured in the same run: GetDevicePluginOptions (a gRPC round trip that decides nothing) and a GET of a
 pod through the plugin's own API client (one API round trip). Exits 1 when a target is missed.
 """
@@ -45,6 +46,7 @@ from tests.harness.pods import admitted, assigned, unit_pod
 
 NODE = "bench-node"
 GPUS = "8x128GiB"
+WARM_UP = 20
 TARGETS = {"allocate_p99_ms": 5.0, "prestart_p99_ms": 50.0, "flat": 1.3}
 Latency = tuple[float, float]  # what the API server waits before each answer: uniform between the two, seconds
 
@@ -154,15 +156,17 @@ class Node:
         self.stub = self.kubelet.plugin()
         self.kubelet.wait_lists(1)
         self.free = {g.index: list(device_ids(g)) for g in self.gpus}
-        self.count = 0
+        self.count = 0  # pods created so far (their names)
+        self.pods = 0  # pods on the node now
 
     def stop(self) -> None:
         self.plugin.stop()
         self.kubelet.stop()
         self.api.stop()
 
-    def _pod(self, units: int, running: bool) -> tuple[str, dict[str, Any], list[str]]:
+    def _pod(self, units: int, running: bool) -> tuple[str, dict[str, Any], int, list[str]]:
         self.count += 1
+        self.pods += 1
         name = f"job-{self.count}"
         index = next(i for i, g in enumerate(self.gpus) if self.used[i] + units <= g.memory_units)
         self.used[index] += units
@@ -179,18 +183,19 @@ class Node:
             pod["status"] = {"phase": "Running"}
         created = self.admin.create_pod("team", pod)
         self.uids[name] = created["metadata"]["uid"]
-        return name, created, ids
+        return name, created, index, ids
 
     def fill(self, size: int) -> None:
         """Running, allocated pods of 1 GiB until the node has `size` of them."""
-        while self.count < size:
-            name, _, ids = self._pod(1, running=True)
+        while self.pods < size:
+            name, _, _, ids = self._pod(1, running=True)
             self.kubelet.hold("team", name, "main", ids)
         self._seen(self.uids[f"job-{self.count}"])
 
-    def _seen(self, uid: str) -> None:
+    def _seen(self, uid: str, present: bool = True) -> None:
+        """Wait until the plugin's pod watch has delivered the pod (or its deletion)."""
         until = time.monotonic() + 10
-        while self.plugin.service.index.name_of(uid) is None and time.monotonic() < until:
+        while (self.plugin.service.index.name_of(uid) is None) == present and time.monotonic() < until:
             time.sleep(0.002)
 
     def get_one(self) -> None:
@@ -199,13 +204,20 @@ class Node:
         self.plugin.api.get_pod("team", "job-1")
 
     def new_pod(self) -> tuple[float, float]:
-        """A new pod bound to the node, then the kubelet's Allocate and PreStartContainer for it (seconds each)."""
-        name, created, ids = self._pod(1, running=False)
+        """A new pod bound to the node, then the kubelet's Allocate and PreStartContainer for it (seconds each); then
+        the pod is deleted, so the node keeps the number of pods it was filled with."""
+        name, created, index, ids = self._pod(1, running=False)
         self._seen(created["metadata"]["uid"])
         request = pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=ids)])
         allocate = timed(lambda: self.stub.Allocate(request, timeout=20))
         self.kubelet.hold("team", name, "main", ids)  # the kubelet records the assignment after Allocate returns
         prestart = timed(lambda: self.kubelet.start_container("team", name, "main"))
+        self.admin.delete_pod("team", name)
+        self.kubelet.forget("team", name)
+        self.free[index][:0] = ids  # handed out last again, as the plugin prefers (GetPreferredAllocation)
+        self.used[index] -= len(ids)
+        self.pods -= 1
+        self._seen(created["metadata"]["uid"], present=False)
         return allocate, prestart
 
 
@@ -216,6 +228,8 @@ def measure(latency: str, sizes: list[int], samples: int) -> dict[int, dict[str,
     with tempfile.TemporaryDirectory(prefix="gpb-", dir="/tmp") as tmp:
         node = Node(Path(tmp), latency)
         try:
+            for _ in range(WARM_UP):  # a fresh plugin's first calls open its connections
+                node.new_pod()
             for size in sizes:
                 node.fill(size)
                 got: dict[str, list[float]] = {"allocate": [], "prestart": [], "options": [], "get": []}

@@ -10,8 +10,9 @@ holds what a plugin's does, plus the test kubelet and this client, and freezes i
 run() does (common/heap.py). The node is filled with running, allocated pods; then new pods are created one at a
 time, the kubelet's calls for each are timed, and each is deleted again, so the node holds the same pods throughout a
 size: Allocate (its GetPreferredAllocation not counted) and PreStartContainer (resolution, validation, a GET and a
-PATCH of the pod). The first size is preceded by a few new pods that are not timed: a fresh plugin opens its
-connections on its first calls.
+PATCH of the pod). The sizes take turns, 5 turns of a fifth of the samples each (the node is filled up and emptied
+down again between them), so that a machine whose load changes during the run weighs on every size alike. A few new
+pods that are not timed come first: a fresh plugin opens its connections on its first calls.
 Baselines measured in the same run: GetDevicePluginOptions (a gRPC round trip that decides nothing) and a GET of a
 pod through the plugin's own API client (one API round trip). Exits 1 when a target is missed.
 """
@@ -47,6 +48,7 @@ from tests.harness.pods import admitted, assigned, unit_pod
 NODE = "bench-node"
 GPUS = "8x128GiB"
 WARM_UP = 20
+ROUNDS = 5  # turns of the sizes
 TARGETS = {"allocate_p99_ms": 5.0, "prestart_p99_ms": 50.0, "flat": 1.3}
 Latency = tuple[float, float]  # what the API server waits before each answer: uniform between the two, seconds
 
@@ -157,7 +159,7 @@ class Node:
         self.kubelet.wait_lists(1)
         self.free = {g.index: list(device_ids(g)) for g in self.gpus}
         self.count = 0  # pods created so far (their names)
-        self.pods = 0  # pods on the node now
+        self.running: list[tuple[str, int, list[str]]] = []  # the pods the node is filled with: name, GPU, IDs
 
     def stop(self) -> None:
         self.plugin.stop()
@@ -166,7 +168,6 @@ class Node:
 
     def _pod(self, units: int, running: bool) -> tuple[str, dict[str, Any], int, list[str]]:
         self.count += 1
-        self.pods += 1
         name = f"job-{self.count}"
         index = next(i for i, g in enumerate(self.gpus) if self.used[i] + units <= g.memory_units)
         self.used[index] += units
@@ -185,12 +186,25 @@ class Node:
         self.uids[name] = created["metadata"]["uid"]
         return name, created, index, ids
 
-    def fill(self, size: int) -> None:
-        """Running, allocated pods of 1 GiB until the node has `size` of them."""
-        while self.pods < size:
-            name, _, _, ids = self._pod(1, running=True)
+    def resize(self, size: int) -> None:
+        """Running, allocated pods of 1 GiB, created or deleted until the node has `size` of them."""
+        changed = ""
+        while len(self.running) < size:
+            name, _, index, ids = self._pod(1, running=True)
             self.kubelet.hold("team", name, "main", ids)
-        self._seen(self.uids[f"job-{self.count}"])
+            self.running.append((name, index, ids))
+            changed = name
+        while len(self.running) > size:
+            changed = self.running[-1][0]
+            self._delete(*self.running.pop())
+        if changed:
+            self._seen(self.uids[changed], present=any(name == changed for name, _, _ in self.running))
+
+    def _delete(self, name: str, index: int, ids: list[str]) -> None:
+        self.admin.delete_pod("team", name)
+        self.kubelet.forget("team", name)
+        self.free[index][:0] = ids  # handed out last again, as the plugin prefers (GetPreferredAllocation)
+        self.used[index] -= len(ids)
 
     def _seen(self, uid: str, present: bool = True) -> None:
         """Wait until the plugin's pod watch has delivered the pod (or its deletion)."""
@@ -201,7 +215,7 @@ class Node:
     def get_one(self) -> None:
         """One API round trip through the plugin's own client: the baseline of PreStartContainer's GET and PATCH."""
         assert self.plugin.api is not None
-        self.plugin.api.get_pod("team", "job-1")
+        self.plugin.api.get_pod("team", self.running[0][0])
 
     def new_pod(self) -> tuple[float, float]:
         """A new pod bound to the node, then the kubelet's Allocate and PreStartContainer for it (seconds each); then
@@ -212,11 +226,7 @@ class Node:
         allocate = timed(lambda: self.stub.Allocate(request, timeout=20))
         self.kubelet.hold("team", name, "main", ids)  # the kubelet records the assignment after Allocate returns
         prestart = timed(lambda: self.kubelet.start_container("team", name, "main"))
-        self.admin.delete_pod("team", name)
-        self.kubelet.forget("team", name)
-        self.free[index][:0] = ids  # handed out last again, as the plugin prefers (GetPreferredAllocation)
-        self.used[index] -= len(ids)
-        self.pods -= 1
+        self._delete(name, index, ids)
         self._seen(created["metadata"]["uid"], present=False)
         return allocate, prestart
 
@@ -224,22 +234,26 @@ class Node:
 def measure(latency: str, sizes: list[int], samples: int) -> dict[int, dict[str, list[float]]]:
     """Per node size, the seconds of each call for `samples` new pods, on a fresh node whose API server waits
     `latency`."""
-    rows: dict[int, dict[str, list[float]]] = {}
+    rows: dict[int, dict[str, list[float]]] = {size: {"allocate": [], "prestart": [], "options": [], "get": []}
+                                               for size in sizes}
     with tempfile.TemporaryDirectory(prefix="gpb-", dir="/tmp") as tmp:
         node = Node(Path(tmp), latency)
         try:
+            node.resize(min(sizes))
             for _ in range(WARM_UP):  # a fresh plugin's first calls open its connections
                 node.new_pod()
-            for size in sizes:
-                node.fill(size)
-                got: dict[str, list[float]] = {"allocate": [], "prestart": [], "options": [], "get": []}
-                for _ in range(samples):
-                    allocate, prestart = node.new_pod()
-                    got["allocate"].append(allocate)
-                    got["prestart"].append(prestart)
-                    got["options"].append(timed(lambda: node.stub.GetDevicePluginOptions(pb.Empty(), timeout=5)))
-                    got["get"].append(timed(node.get_one))
-                rows[size] = got
+            # The sizes take turns, a share of the samples each, so that a machine whose load changes during the run
+            # weighs on every size alike.
+            for turn in range(ROUNDS):
+                for size in sizes:
+                    node.resize(size)
+                    got = rows[size]
+                    for _ in range(samples * (turn + 1) // ROUNDS - samples * turn // ROUNDS):
+                        allocate, prestart = node.new_pod()
+                        got["allocate"].append(allocate)
+                        got["prestart"].append(prestart)
+                        got["options"].append(timed(lambda: node.stub.GetDevicePluginOptions(pb.Empty(), timeout=5)))
+                        got["get"].append(timed(node.get_one))
         finally:
             node.stop()
     return rows

@@ -138,7 +138,8 @@ class Service:
     # -- PreStartContainer -------------------------------------------------------------------------------
 
     def prestart(self, device_ids: Sequence[str]) -> Accepted | LegacyAccepted:
-        """Resolve the exact pod holding these devices, validate it, deliver its GPU and record it."""
+        """Find the pod holding exactly these devices, judge it, place it where the plugin places, deliver its GPU and
+        keep what was decided."""
         with self._unattributed("PreStartContainer"):
             return self._prestart(device_ids)
 

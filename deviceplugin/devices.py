@@ -1,7 +1,9 @@
-"""The device plugin's fake per-unit devices over the node's GPUs: their IDs, the kubelet's limits and health."""
+"""The device plugin's fake per-unit devices over the node's GPUs: their IDs, the slot of a set of them, the kubelet's
+limits and health."""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Sequence
 
 from node.inventory import Gpu, Inventory, InventoryError
@@ -15,6 +17,11 @@ MAX_ID_LENGTH = 63  # the kubelet rejects longer device IDs
 def device_ids(gpu: Gpu) -> list[str]:
     """One device per unit of the GPU's memory: what the kubelet counts and assigns."""
     return [f"{gpu.uuid}{ID_SEPARATOR}{n}" for n in range(gpu.memory_units)]
+
+
+def slot_of(device_ids: Iterable[str]) -> str:
+    """The slot of a device-ID set: stable whatever the order the kubelet lists the IDs in."""
+    return hashlib.sha256("\n".join(sorted(device_ids)).encode()).hexdigest()[:16]
 
 
 class UnitInventory(Inventory):

@@ -6,14 +6,14 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 import grpc
 
 from deviceplugin.api import deviceplugin_pb2, deviceplugin_pb2_grpc, podresources_pb2, podresources_pb2_grpc
-from deviceplugin.checkpoint import Checkpoint, checkpoint_entries
+from deviceplugin.checkpoint import Checkpoint, Entry, checkpoint_entries
 from deviceplugin.dirwatch import EVERYTHING, DirWatch
-from deviceplugin.resolve import Holding, checkpoint_holdings
 from deviceplugin.sockets import probe
 from node import deadline
 
@@ -27,6 +27,29 @@ _EXHAUSTED_PAUSE = 0.1
 
 class KubeletUnavailable(Exception):
     """The kubelet cannot say which pod holds which devices right now; the text says why."""
+
+
+@dataclass(frozen=True)
+class Holding:
+    """One container's devices of our resource, as the kubelet reports them (PodResources or checkpoint)."""
+
+    namespace: str
+    pod: str
+    container: str
+    device_ids: tuple[str, ...]
+    pod_uid: str = ""  # the checkpoint knows the UID only; PodResources knows namespace and name only
+
+
+def checkpoint_holdings(entries: Iterable[Entry]) -> list[Holding]:
+    """Holdings from the kubelet's device-manager checkpoint (pod UIDs only, no names): every container, init
+    containers included."""
+    return [Holding("", "", e.container, e.device_ids, e.pod_uid) for e in entries]
+
+
+def holdings_from_checkpoint(text: str, resource: str) -> list[Holding]:
+    """Holdings from the checkpoint's text (deviceplugin/checkpoint.py reads its layout); ValueError when it is not
+    the device manager's JSON."""
+    return checkpoint_holdings(checkpoint_entries(text, resource))
 
 
 class RegistrationError(Exception):

@@ -115,7 +115,7 @@ class Plugin:
             self.metrics.watch_node(self.inventory, self.service.context, api.node_pods)
             self.metrics_server = MetricsServer(s.metrics_bind, self.metrics.registry)
             log.info("serving Prometheus metrics on http://%s:%s/metrics", *self.metrics_server.address)
-        self.service.remember_pins()  # before serving: a container restarted now keeps the GPU it had
+        self.service.records.remember_pins()  # before serving: a container restarted now keeps the GPU it had
         clear_stale(s)  # sockets of earlier instances: dead ones removed, live ones left to their instance
         registered = True
         try:

@@ -4,12 +4,13 @@ grow with the pods on the node."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from contract import pod_ref
 from deviceplugin.offers import Offer, allocation_offer
+from deviceplugin.pins import Pin
 from deviceplugin.trust import Context
 from deviceplugin.usage import Holder, holding_of, legacy_candidate, legacy_usage
 
@@ -26,9 +27,10 @@ class _Entry:
 
 class NodeIndex:
     """Per pod version (UID and resourceVersion): its verified Allocate offer; per device size: the pods with a
-    container still waiting for devices; per slot: the pods holding it; per GPU: the units believed pods hold; and
-    the pods not believed that may hold units from a previous device plugin, which the kubelet's checkpoint (read
-    again only when the kubelet rewrites it) places at each call.
+    container still waiting for devices; per slot: the pods holding it; per GPU: the units believed pods hold, and
+    their sum, kept as pods come, change and go; the pods not believed that may hold units from a previous device
+    plugin, which the kubelet's checkpoint (read again only when the kubelet rewrites it) places at each call; and the
+    GPU each pod is pinned to, which only this index writes (ctx.pins), so the units follow the pin.
 
     The signature of a pod is checked once per version, when the watch delivers it (ctx.verdicts), never per call.
     Every change of a pod is a new version, so its deletionTimestamp and each container's new state count it again
@@ -44,6 +46,7 @@ class NodeIndex:
         self._waiting: dict[int, dict[str, None]] = {}  # units -> pods with a container of that size and no slot
         self._holding: dict[tuple[int, str], dict[str, None]] = {}  # (units, slot) -> pods holding it
         self._on_gpu: dict[int, dict[str, Holder]] = {}  # GPU index -> pod uid -> what it holds there
+        self._units: dict[int, int] = {}  # GPU index -> the units of _on_gpu there
         self._counted: dict[str, int] = {}  # pod uid -> the GPU index it is counted on
         self._legacy: dict[str, Mapping[str, Any]] = {}  # pod uid -> a pod counted from the checkpoint
 
@@ -96,6 +99,16 @@ class NodeIndex:
         with self._lock:
             self._drop(uid)
 
+    def pin(self, uid: str, pin: Pin) -> None:
+        """Pin the pod to the GPU it was allocated (a pin once held stays: deviceplugin/pins.py) and count its units
+        there."""
+        self.ctx.pins.hold(uid, pin)
+        self.repin(uid)
+
+    def keep_pins(self, uids: Collection[str]) -> None:
+        """Forget the pins of the pods that are gone (their UIDs never come back)."""
+        self.ctx.pins.keep_only(uids)
+
     def repin(self, uid: str) -> None:
         """The pod's pin changed: count its units on the GPU it is pinned to."""
         with self._lock:
@@ -120,12 +133,24 @@ class NodeIndex:
                 return None
             return [(self._entries[u].namespace, self._entries[u].name, u) for u in dict.fromkeys(uids)]
 
-    def usage_on(self, index: int, exclude_uid: str = "") -> tuple[int, list[Holder]]:
-        """Units promised on GPU `index` and to whom, the pod `exclude_uid` left out."""
+    def units_on(self, index: int, exclude_uid: str = "") -> int:
+        """Units promised on GPU `index`, the pod `exclude_uid` left out: the kept sum, not a count per call."""
+        with self._lock:
+            excluded = self._on_gpu.get(index, {}).get(exclude_uid)
+            used = self._units.get(index, 0) - (excluded.units if excluded is not None else 0)
+            legacy = self._legacy_except(exclude_uid)
+        return used + sum(h.units for h in self._legacy_on(index, legacy))
+
+    def holders_on(self, index: int, exclude_uid: str = "") -> list[Holder]:
+        """Who holds the units on GPU `index`, the pod `exclude_uid` left out (to word a refusal)."""
         with self._lock:
             holders = [h for uid, h in self._on_gpu.get(index, {}).items() if uid != exclude_uid]
-            legacy = {uid: pod for uid, pod in self._legacy.items() if uid != exclude_uid}
-        holders += legacy_usage(legacy, self.ctx).get(index, [])  # outside the lock: it may read the checkpoint
+            legacy = self._legacy_except(exclude_uid)
+        return holders + self._legacy_on(index, legacy)
+
+    def usage_on(self, index: int, exclude_uid: str = "") -> tuple[int, list[Holder]]:
+        """Units promised on GPU `index` and to whom, the pod `exclude_uid` left out."""
+        holders = self.holders_on(index, exclude_uid)
         return sum(h.units for h in holders), holders
 
     def name_of(self, uid: str) -> tuple[str, str] | None:
@@ -155,12 +180,22 @@ class NodeIndex:
         if held is not None:  # the pin first, else IDX; believed pods only
             index, holder = held
             self._on_gpu.setdefault(index, {})[uid] = holder
+            self._units[index] = self._units.get(index, 0) + holder.units
             self._counted[uid] = index
 
     def _uncount(self, uid: str) -> None:
         index = self._counted.pop(uid, None)
         if index is not None:
-            self._on_gpu.get(index, {}).pop(uid, None)
+            holder = self._on_gpu.get(index, {}).pop(uid, None)
+            if holder is not None:
+                self._units[index] -= holder.units
+
+    def _legacy_except(self, exclude_uid: str) -> dict[str, Mapping[str, Any]]:
+        return {uid: pod for uid, pod in self._legacy.items() if uid != exclude_uid} if self._legacy else {}
+
+    def _legacy_on(self, index: int, legacy: Mapping[str, Mapping[str, Any]]) -> list[Holder]:
+        """Outside the lock: it may read the checkpoint."""
+        return legacy_usage(legacy, self.ctx).get(index, []) if legacy else []
 
 
 def _uid(pod: Mapping[str, Any]) -> str:

@@ -1,17 +1,19 @@
-"""Which pod holds a device-ID set: PodResources first, then the kubelet's checkpoint, names from the API server."""
+"""Which pod holds a device-ID set, exactly: PodResources (Get, then List) first, then the kubelet's checkpoint, names
+from the node index or the API server, and that pod read fresh."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Protocol
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from deviceplugin.apiserver import ApiServer
 from deviceplugin.checkpoint import Checkpoint
+from deviceplugin.devices import slot_of
 from deviceplugin.errors import PluginError, Refusal
-from deviceplugin.kubelet import KubeletUnavailable
+from deviceplugin.kubelet import Holding, KubeletUnavailable
 from deviceplugin.nodeindex import NodeIndex
-from deviceplugin.resolve import Holding, Owner, find_owner, other_holders, slot_of
 from node.apiclient import ApiServerError
 
 log = logging.getLogger(__name__)
@@ -19,6 +21,53 @@ log = logging.getLogger(__name__)
 # Pods asked about one by one (PodResources Get) before listing the whole node instead: a container starts soon after
 # its pod is admitted, so few pods wait for devices of one size at a time.
 _GET_LIMIT = 4
+
+
+@dataclass(frozen=True)
+class Owner:
+    namespace: str
+    name: str
+    pod_uid: str
+    containers: tuple[str, ...]
+
+    @property
+    def ref(self) -> str:
+        return f"{self.namespace}/{self.name}" if self.name else f"with UID {self.pod_uid}"
+
+
+def find_owner(holdings: Sequence[Holding], device_ids: Sequence[str]) -> Owner:
+    """The one pod whose containers hold exactly these IDs (an init container's IDs reused by an app
+    container of the same pod map to that same pod)."""
+    wanted = frozenset(device_ids)
+    matches = [h for h in holdings if frozenset(h.device_ids) == wanted]
+    pods = sorted({(h.namespace, h.pod, h.pod_uid) for h in matches})
+    if not pods:
+        raise Refusal(
+            f"no pod on this node holds exactly the devices {_short(device_ids)} in the kubelet's pod resources or "
+            "its device checkpoint; the container is not started; if this repeats, restart the pod so the kubelet "
+            "allocates it again",
+            reason="GpuShareUnknownDevices",
+        )
+    if len(pods) > 1:
+        names = ", ".join(f"{ns}/{name}" if name else uid for ns, name, uid in pods)
+        raise Refusal(
+            f"the devices {_short(device_ids)} are held by several pods ({names}), which the kubelet never does; "
+            "the container is not started; restart the kubelet so it rebuilds its device assignments"
+        )
+    namespace, name, uid = pods[0]
+    containers = tuple(dict.fromkeys(h.container for h in matches))
+    return Owner(namespace, name, uid, containers)
+
+
+def other_holders(holdings: Sequence[Holding], device_ids: Sequence[str], owner: Owner) -> list[str]:
+    """Pods other than the owner that hold any of these IDs: then the owner's checkpoint entry is out of date."""
+    wanted = set(device_ids)
+    out = set()
+    for h in holdings:
+        same = (h.namespace, h.pod) == (owner.namespace, owner.name) if h.pod else h.pod_uid == owner.pod_uid
+        if not same and wanted.intersection(h.device_ids):
+            out.add(f"{h.namespace}/{h.pod}" if h.pod else f"the pod with UID {h.pod_uid}")
+    return sorted(out)
 
 
 class Holdings(Protocol):
@@ -80,6 +129,20 @@ class Owners:
             ))
         return owner
 
+    def pod(self, owner: Owner) -> dict[str, Any]:
+        """The owner's pod, read fresh from the API server; refused when it is gone, or is another pod of that name."""
+        try:
+            pod = self.api.get_pod(owner.namespace, owner.name)
+        except ApiServerError as exc:
+            raise PluginError("UNAVAILABLE", f"could not read pod {owner.ref} ({exc}); the kubelet retries") from exc
+        if pod is None or (owner.pod_uid and pod["metadata"].get("uid") != owner.pod_uid):
+            raise PluginError(
+                "FAILED_PRECONDITION",
+                f"pod {owner.ref}, which holds these devices, no longer exists; its container is not started",
+                "GpuSharePodGone",
+            )
+        return pod
+
     def _asked(self, device_ids: Sequence[str]) -> Owner | None:
         """The owner found by asking the kubelet about the few pods the index says may hold these devices (a
         PodResources Get each), or None: then the whole node is listed, as without Get."""
@@ -131,3 +194,9 @@ class Owners:
             )
         meta = match[0]["metadata"]
         return Owner(str(meta.get("namespace")), str(meta.get("name")), owner.pod_uid, owner.containers)
+
+
+def _short(device_ids: Sequence[str]) -> str:
+    shown = sorted(device_ids)[:3]
+    more = f" and {len(device_ids) - 3} more" if len(device_ids) > 3 else ""
+    return "[" + ", ".join(shown) + "]" + more

@@ -6,8 +6,6 @@ import threading
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
-from contract import IDX
-
 
 @dataclass(frozen=True)
 class Pin:
@@ -42,17 +40,3 @@ class Pins:
     def indices(self) -> Mapping[str, int]:
         with self._lock:
             return {uid: pin.index for uid, pin in self._by_uid.items()}
-
-
-def moved(pin: Pin, index: int | None, uuid: str | None, who: str, node: str) -> str | None:
-    """Why a pod pinned to `pin` may not start on GPU `index` (`uuid`), or None when it is the same GPU."""
-    if index == pin.index and uuid in (None, pin.uuid):
-        return None
-    now = f"names GPU {index}" if index is not None else "names no GPU"
-    if index == pin.index:
-        now = f"names GPU {index}, which is now {uuid}"
-    return (
-        f"{who} was allocated GPU {pin.index} ({pin.uuid}) of node {node}, but its {IDX} annotation or allocation "
-        f"record now {now}; a pod never moves to another GPU once allocated, so the container is not started; "
-        f"set {IDX} and the allocation record back to GPU {pin.index}, or delete the pod and create it again"
-    )

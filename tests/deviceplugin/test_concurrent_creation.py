@@ -16,7 +16,7 @@ import grpc
 import pytest
 
 from contract import IDX, Assignment, parse_allocation
-from deviceplugin.resolve import slot_of
+from deviceplugin.devices import slot_of
 from tests.harness.kubelet.scripted import Admitted
 from tests.harness.plugin.fakes import NODE
 from tests.harness.plugin.rig import Rig, make_rig

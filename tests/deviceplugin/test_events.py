@@ -14,7 +14,7 @@ from contract import Contract
 from deviceplugin.devices import UnitInventory
 from deviceplugin.errors import PluginError
 from deviceplugin.events import BURST, EVERY, TokenBuckets
-from deviceplugin.resolve import Holding
+from deviceplugin.kubelet import Holding
 from deviceplugin.service import Service
 from node.apiclient import ApiServerError
 from tests.harness.plugin.fakes import FakeApiServer, FakeHoldings, plugin_settings

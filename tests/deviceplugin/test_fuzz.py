@@ -3,7 +3,7 @@
 
 The kubelet's calls (Allocate, PreStartContainer, GetPreferredAllocation) go to the real servicer over its unix
 socket, as messages and as mutated bytes; PodResources listings (as messages and as mutated bytes, over a socket)
-and checkpoint contents go through the real readers in deviceplugin/kubelet.py, resolve.py and owners.py.
+and checkpoint contents go through the real readers in deviceplugin/kubelet.py and owners.py.
 GPUSHARE_FUZZ_CASES (tests/harness/fuzzing.py) sets the cases per property.
 """
 
@@ -27,9 +27,8 @@ from deviceplugin.api import podresources_pb2 as pr
 from deviceplugin.checkpoint import checkpoint_entries, visible_gpu
 from deviceplugin.devices import UnitInventory
 from deviceplugin.errors import PluginError, Refusal
-from deviceplugin.kubelet import KubeletHoldings, KubeletUnavailable
-from deviceplugin.owners import Owners
-from deviceplugin.resolve import Holding, find_owner, holdings_from_checkpoint, other_holders
+from deviceplugin.kubelet import Holding, KubeletHoldings, KubeletUnavailable, holdings_from_checkpoint
+from deviceplugin.owners import Owners, find_owner, other_holders
 from node.inventory import fake_gpus
 from tests.harness.fuzzing import CASES, anything, mutated_bytes
 from tests.harness.kubelet.devices import reference_answer

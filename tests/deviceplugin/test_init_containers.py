@@ -11,7 +11,7 @@ import grpc
 import pytest
 
 from contract import ASSIGNED, parse_allocation
-from deviceplugin.resolve import slot_of
+from deviceplugin.devices import slot_of
 from node.cdiedits import FAKE_GPU_MOUNT
 from tests.harness.plugin.rig import Rig, make_rig
 

@@ -14,9 +14,8 @@ import grpc
 import pytest
 
 from contract import ASSIGNED, IDX, Contract, parse_allocation
-from deviceplugin.devices import device_ids
+from deviceplugin.devices import device_ids, slot_of
 from deviceplugin.kubelet import KubeletHoldings, KubeletUnavailable
-from deviceplugin.resolve import slot_of
 from tests.harness.plugin.fakes import NODE
 from tests.harness.plugin.rig import Rig, make_rig
 from tests.harness.pods import admitted, assigned, unit_pod

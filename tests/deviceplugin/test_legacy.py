@@ -13,11 +13,11 @@ from contract import IDX, Contract, signing
 from deviceplugin.checkpoint import Checkpoint, Entry
 from deviceplugin.devices import UnitInventory
 from deviceplugin.errors import PluginError, Refusal
+from deviceplugin.judge import Accepted, validate
 from deviceplugin.legacy import LegacyAccepted
 from deviceplugin.metrics import units_by_gpu
 from deviceplugin.nodeindex import NodeIndex
 from deviceplugin.pins import Pin
-from deviceplugin.resolve import Accepted, validate
 from deviceplugin.trust import Context
 from deviceplugin.usage import node_usage
 from tests.harness.plugin.fakes import NODE

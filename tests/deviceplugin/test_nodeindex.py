@@ -13,11 +13,10 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from contract import ASSIGNED, Allocation, ContainerSlot, Contract, signing
-from deviceplugin.devices import UnitInventory
+from deviceplugin.devices import UnitInventory, slot_of
 from deviceplugin.eventqueue import EventQueue
 from deviceplugin.nodeindex import NodeIndex
 from deviceplugin.pins import Pin
-from deviceplugin.resolve import slot_of
 from deviceplugin.trust import Context
 from deviceplugin.usage import Holder, node_usage
 from tests.harness.plugin.fakes import NODE
@@ -79,6 +78,7 @@ def test_the_index_answers_as_the_pod_list_does(inventory: UnitInventory, signer
     for gpu in (0, 1):
         for exclude in ("", "uid-a"):
             assert index.usage_on(gpu, exclude) == node_usage([*pods, forged], ctx, exclude).on(gpu)
+            assert index.units_on(gpu, exclude) == index.usage_on(gpu, exclude)[0]  # the kept sum
     assert shown(index.usage_on(0)) == (5, ["team/a (2)", "team/b (3)"])
     assert [index.has_candidate(units, "s") for units in (1, 2, 3, 4, 5, 6)] == [True, True, True, False, False,
                                                                                   False]
@@ -97,11 +97,13 @@ def test_the_index_follows_changes_deletions_pins_and_a_broken_watch(
     index.upsert(recorded(a, inventory, contract, slot))  # allocated: its container holds the slot now
     assert not index.has_candidate(2, "other") and index.has_candidate(2, slot)
     assert index.likely_holders(2, slot, 4) == [("team", "a", "uid-a")]
-    ctx.pins.hold("uid-a", Pin(1, inventory.gpus[1].uuid))
-    index.repin("uid-a")  # a pinned pod counts where it runs, whatever its IDX says
+    index.pin("uid-a", Pin(1, inventory.gpus[1].uuid))  # a pinned pod counts where it runs, whatever its IDX says
     assert (shown(index.usage_on(0)), shown(index.usage_on(1))) == ((0, []), (2, ["team/a (2)"]))
+    assert (index.units_on(0), index.units_on(1), index.units_on(1, "uid-a")) == (0, 2, 0)
+    index.pin("uid-a", Pin(0, inventory.gpus[0].uuid))  # a pin once held stays
+    assert (index.units_on(0), index.units_on(1)) == (0, 2)
     index.upsert(on_node(a, "uid-a", "3", phase="Succeeded"))  # a finished pod holds nothing
-    assert index.usage_on(1) == (0, [])
+    assert index.usage_on(1) == (0, []) and index.units_on(1) == 0
     index.remove("uid-a")
     assert index.name_of("uid-a") is None and not index.has_candidate(2, slot)
     index.stale()

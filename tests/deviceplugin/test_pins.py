@@ -14,8 +14,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from contract import DEV, IDX, Contract, parse_allocation
 from deviceplugin.devices import UnitInventory
 from deviceplugin.errors import PluginError
-from deviceplugin.pins import Pin, Pins, moved
-from deviceplugin.resolve import Holding
+from deviceplugin.judge import moved
+from deviceplugin.kubelet import Holding
+from deviceplugin.pins import Pin, Pins
 from deviceplugin.service import Service
 from tests.harness.plugin.fakes import FakeApiServer, FakeHoldings, plugin_settings
 from tests.harness.pods import admitted, assigned, unit_pod
@@ -102,7 +103,7 @@ def test_a_moved_pod_is_refused(
     assert service.prestart(ids).gpu.index == 0
     if restarted:
         service = make_service()
-        service.remember_pins()
+        service.records.remember_pins()
     move_to_gpu_1(api, inventory, contract)
     assert parse_allocation(api.pod("team", "p")["metadata"]["annotations"][contract.allocation_key]).gpu_index == 1
     with pytest.raises(PluginError) as caught:
@@ -129,7 +130,7 @@ def test_a_pod_moved_back_starts_again_and_a_gone_pod_is_unpinned(
     assert service.prestart(ids).gpu.index == 0
     assert service.pins.get(uid) == Pin(0, inventory.gpus[0].uuid)
     api.delete("team", "p")
-    service.remember_pins()
+    service.records.remember_pins()
     assert service.pins.get(uid) is None
 
 
@@ -143,7 +144,7 @@ def test_a_restarted_plugin_that_cannot_list_pods_pins_at_the_next_start(
     service = make_service()
     api.fail = True
     with caplog.at_level(logging.INFO, logger="deviceplugin"):
-        service.remember_pins()
+        service.records.remember_pins()
     assert "pins not refreshed" in caplog.text
     api.fail = False
     assert service.prestart(ids).gpu.index == 0

@@ -22,10 +22,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from deviceplugin.api import deviceplugin_pb2 as pb
 from deviceplugin.api import deviceplugin_pb2_grpc
-from deviceplugin.devices import UnitInventory
+from deviceplugin.devices import UnitInventory, slot_of
 from deviceplugin.kubelet import RegistrationError, register
 from deviceplugin.main import Plugin
-from deviceplugin.resolve import slot_of
 from deviceplugin.server import OPTIONS
 from deviceplugin.settings import PluginSettings
 from deviceplugin.sockets import clear_stale

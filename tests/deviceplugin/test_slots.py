@@ -10,7 +10,7 @@ from typing import Any
 import grpc
 import pytest
 
-from deviceplugin.resolve import slot_of
+from deviceplugin.devices import slot_of
 from tests.harness.plugin.rig import Rig, make_rig
 from tests.harness.pods import assigned, unit_pod
 

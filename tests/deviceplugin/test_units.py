@@ -11,7 +11,7 @@ import pytest
 from common.settings import SettingsError
 from contract.env import expected_env
 from contract.modes import Delivery
-from deviceplugin import delivery
+from deviceplugin import deliver, delivery
 from deviceplugin.devices import HEALTHY, UNHEALTHY, UnitInventory, device_ids
 from deviceplugin.settings import settings_from
 from deviceplugin.sockets import fresh_socket_path
@@ -172,7 +172,7 @@ def _without_api_version(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ],
 )
 def test_env_problems(env: list[dict[str, Any]], problem: str | None) -> None:
-    problems = delivery.env_problems(_with_env(env), 4, 6)
+    problems = deliver.env_problems(_with_env(env), 4, 6)
     if problem is None:
         assert problems == []
     else:

@@ -15,8 +15,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from contract import IDX, POD, Contract, signing
 from deviceplugin.devices import UnitInventory
 from deviceplugin.errors import Refusal
+from deviceplugin.judge import Accepted, validate
+from deviceplugin.kubelet import Holding
 from deviceplugin.pins import Pin
-from deviceplugin.resolve import Accepted, Holding, validate
 from deviceplugin.service import Service
 from deviceplugin.trust import Context
 from deviceplugin.usage import node_usage, recorded_pin

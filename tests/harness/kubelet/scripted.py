@@ -58,7 +58,8 @@ class TestKubelet:
         self.devices = DeviceState(os.path.join(plugin_dir, "kubelet_internal_checkpoint"), RESOURCE)
         self.registration = RegistrationServer(plugin_dir, RESOURCE, self._on_devices, minor)  # how it keeps clients
         self.pod_resources = PodResourcesServer(pod_resources_socket, self.devices, self._healthy,
-                                                self._active_pods, limit=None, get_enabled=False)
+                                                self._active_pods, limit=None, get_enabled=False,
+                                                pod_named=self._active_pod)
         self.pod_resources.list_hook = self.listing  # a subclass's override is what List answers
         self.counts = _Counts()
         self._pods: dict[tuple[str, str], dict[str, Any]] = {}  # the pods PodResources reports, as specs
@@ -260,6 +261,10 @@ class TestKubelet:
     def _active_pods(self) -> list[dict[str, Any]]:
         with self._lock:
             return list(self._pods.values())
+
+    def _active_pod(self, namespace: str, pod: str) -> dict[str, Any] | None:
+        with self._lock:
+            return self._pods.get((namespace, pod))
 
     def listing(self) -> podresources_pb2.ListPodResourcesResponse:
         """What PodResources List answers (tests may override it)."""

@@ -297,13 +297,14 @@ class PodResourcesServer(podresources_pb2_grpc.PodResourcesListerServicer):
 
     def __init__(self, socket_path: str, state: DeviceState, allocatable: Callable[[], list[str]],
                  active_pods: Callable[[], list[Pod]], limit: TokenBucket | None,
-                 get_enabled: bool = True) -> None:
+                 get_enabled: bool = True, pod_named: Callable[[str, str], Pod | None] | None = None) -> None:
         self.socket_path = socket_path
         self.state = state
         self.allocatable = allocatable
         self.active_pods = active_pods
         self.limit = limit
         self.get_enabled = get_enabled  # the KubeletPodResourcesGet gate: on by default from 1.34
+        self.pod_named = pod_named  # one active pod by namespace and name, as the kubelet's pod manager finds it
         self.failures: list[grpc.StatusCode] = []
         self.list_hook: Callable[[], pr.ListPodResourcesResponse] | None = None
         self.list_calls = 0
@@ -330,18 +331,30 @@ class PodResourcesServer(podresources_pb2_grpc.PodResourcesListerServicer):
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.socket_path)
 
+    def _resources(self, pod: Pod) -> pr.PodResources:
+        meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+        sidecars = [c for c in spec.get("initContainers") or [] if c.get("restartPolicy") == "Always"]
+        containers = []
+        for container in [*sidecars, *(spec.get("containers") or [])]:
+            entry = self.state.entry(meta.get("uid", ""), container.get("name"))
+            devices = [pr.ContainerDevices(resource_name=entry.resource, device_ids=list(entry.device_ids))
+                       ] if entry is not None else []
+            containers.append(pr.ContainerResources(name=container.get("name"), devices=devices))
+        return pr.PodResources(name=meta.get("name"), namespace=meta.get("namespace"), containers=containers)
+
     def _pods(self) -> Iterator[pr.PodResources]:
-        held = {(e.pod_uid, e.container): e for e in self.state.entries()}
         for pod in self.active_pods():
-            meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
-            sidecars = [c for c in spec.get("initContainers") or [] if c.get("restartPolicy") == "Always"]
-            containers = []
-            for container in [*sidecars, *(spec.get("containers") or [])]:
-                entry = held.get((meta.get("uid", ""), container.get("name")))
-                devices = [pr.ContainerDevices(resource_name=entry.resource, device_ids=list(entry.device_ids))
-                           ] if entry is not None else []
-                containers.append(pr.ContainerResources(name=container.get("name"), devices=devices))
-            yield pr.PodResources(name=meta.get("name"), namespace=meta.get("namespace"), containers=containers)
+            yield self._resources(pod)
+
+    def _named(self, namespace: str, name: str) -> Pod | None:
+        """The kubelet's Get looks the pod up by name (server_v1.go, GetPodByName), without listing the others."""
+        if self.pod_named is not None:
+            return self.pod_named(namespace, name)
+        for pod in self.active_pods():
+            meta = pod.get("metadata") or {}
+            if meta.get("name") == name and meta.get("namespace") == namespace:
+                return pod
+        return None
 
     def listing(self) -> pr.ListPodResourcesResponse:
         return pr.ListPodResourcesResponse(pod_resources=list(self._pods()))
@@ -358,9 +371,9 @@ class PodResourcesServer(podresources_pb2_grpc.PodResourcesListerServicer):
         self._admit(context)
         if not self.get_enabled:
             context.abort(grpc.StatusCode.UNKNOWN, "PodResources API Get method disabled")
-        for pod in self._pods():
-            if pod.name == request.pod_name and pod.namespace == request.pod_namespace:
-                return pr.GetPodResourcesResponse(pod_resources=pod)
+        pod = self._named(request.pod_namespace, request.pod_name)
+        if pod is not None:
+            return pr.GetPodResourcesResponse(pod_resources=self._resources(pod))
         context.abort(grpc.StatusCode.UNKNOWN, f"pod {request.pod_name} in namespace {request.pod_namespace} not found")
         raise AssertionError("unreachable")
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from deviceplugin.apiserver import PodListener
 from deviceplugin.checkpoint import Checkpoint
-from deviceplugin.resolve import Holding
+from deviceplugin.kubelet import Holding
 from deviceplugin.settings import PluginSettings, settings_from
 from node.apiclient import ApiServerError, Conflict
 

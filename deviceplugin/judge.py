@@ -1,11 +1,11 @@
-"""Exact resolution of device IDs to the pod that holds them, and validation of that pod (pure)."""
+"""The judgement of the pod that holds a container's devices: may the container start, on which GPU, and what to
+record; decided from plain data (the pod, its pin, what its GPU carries), no I/O (pure)."""
 
 from __future__ import annotations
 
-import hashlib
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeAlias
+from typing import Any, Protocol, TypeAlias
 
 from contract import (
     ASSIGNED,
@@ -24,99 +24,13 @@ from contract import (
     read_annotations,
 )
 from contract.holding import terminating
-from deviceplugin.checkpoint import Entry, checkpoint_entries
+from deviceplugin.devices import slot_of
 from deviceplugin.errors import Refusal
 from deviceplugin.legacy import LegacyAccepted, legacy_restart
-from deviceplugin.pins import moved
-from deviceplugin.room import deleting_refusal, room_refusal
+from deviceplugin.pins import Pin
 from deviceplugin.trust import Context, stamped_intent
 from deviceplugin.usage import Holder, node_usage
 from node.inventory import Gpu
-
-
-def slot_of(device_ids: Iterable[str]) -> str:
-    """The slot of a device-ID set: stable whatever the order the kubelet lists the IDs in."""
-    return hashlib.sha256("\n".join(sorted(device_ids)).encode()).hexdigest()[:16]
-
-
-@dataclass(frozen=True)
-class Holding:
-    """One container's devices of our resource, as the kubelet reports them (PodResources or checkpoint)."""
-
-    namespace: str
-    pod: str
-    container: str
-    device_ids: tuple[str, ...]
-    pod_uid: str = ""  # the checkpoint knows the UID only; PodResources knows namespace and name only
-
-
-@dataclass(frozen=True)
-class Owner:
-    namespace: str
-    name: str
-    pod_uid: str
-    containers: tuple[str, ...]
-
-    @property
-    def ref(self) -> str:
-        return f"{self.namespace}/{self.name}" if self.name else f"with UID {self.pod_uid}"
-
-
-def find_owner(holdings: Sequence[Holding], device_ids: Sequence[str]) -> Owner:
-    """The one pod whose containers hold exactly these IDs (an init container's IDs reused by an app
-    container of the same pod map to that same pod)."""
-    wanted = frozenset(device_ids)
-    matches = [h for h in holdings if frozenset(h.device_ids) == wanted]
-    pods = sorted({(h.namespace, h.pod, h.pod_uid) for h in matches})
-    if not pods:
-        raise Refusal(
-            f"no pod on this node holds exactly the devices {_short(device_ids)} in the kubelet's pod resources or "
-            "its device checkpoint; the container is not started; if this repeats, restart the pod so the kubelet "
-            "allocates it again",
-            reason="GpuShareUnknownDevices",
-        )
-    if len(pods) > 1:
-        names = ", ".join(f"{ns}/{name}" if name else uid for ns, name, uid in pods)
-        raise Refusal(
-            f"the devices {_short(device_ids)} are held by several pods ({names}), which the kubelet never does; "
-            "the container is not started; restart the kubelet so it rebuilds its device assignments"
-        )
-    namespace, name, uid = pods[0]
-    containers = tuple(dict.fromkeys(h.container for h in matches))
-    return Owner(namespace, name, uid, containers)
-
-
-def other_holders(holdings: Sequence[Holding], device_ids: Sequence[str], owner: Owner) -> list[str]:
-    """Pods other than the owner that hold any of these IDs: then the owner's checkpoint entry is out of date."""
-    wanted = set(device_ids)
-    out = set()
-    for h in holdings:
-        same = (h.namespace, h.pod) == (owner.namespace, owner.name) if h.pod else h.pod_uid == owner.pod_uid
-        if not same and wanted.intersection(h.device_ids):
-            out.add(f"{h.namespace}/{h.pod}" if h.pod else f"the pod with UID {h.pod_uid}")
-    return sorted(out)
-
-
-def checkpoint_holdings(entries: Iterable[Entry]) -> list[Holding]:
-    """Holdings from the kubelet's device-manager checkpoint (pod UIDs only, no names): every container, init
-    containers included."""
-    return [Holding("", "", e.container, e.device_ids, e.pod_uid) for e in entries]
-
-
-def holdings_from_checkpoint(text: str, resource: str) -> list[Holding]:
-    """Holdings from the checkpoint's text (deviceplugin/checkpoint.py reads its layout); ValueError when it is not
-    the device manager's JSON."""
-    return checkpoint_holdings(checkpoint_entries(text, resource))
-
-
-def _short(device_ids: Sequence[str]) -> str:
-    shown = sorted(device_ids)[:3]
-    more = f" and {len(device_ids) - 3} more" if len(device_ids) > 3 else ""
-    return "[" + ", ".join(shown) + "]" + more
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Validation of the owning pod.
 
 
 @dataclass(frozen=True)
@@ -194,15 +108,24 @@ def _check_units(intent: Intent, containers: Sequence[str], units: int, ctx: Con
             )
 
 
+class Load(Protocol):
+    """What a GPU of this node carries, one pod left out: the units at once, who holds them only to word a refusal
+    (the node index keeps the units per GPU as pods come and go: deviceplugin/nodeindex.py)."""
+
+    def units_on(self, index: int, exclude_uid: str = "") -> int: ...
+
+    def holders_on(self, index: int, exclude_uid: str = "") -> list[Holder]: ...
+
+
 def validate(
     pod: Mapping[str, Any], containers: Sequence[str], device_ids: Sequence[str], ctx: Context,
-    others: Sequence[Mapping[str, Any]], *, usage: Callable[[int, str], tuple[int, list[Holder]]] | None = None,
+    others: Sequence[Mapping[str, Any]] = (), *, load: Load | None = None,
 ) -> Verdict:
     """Accept the pod holding these devices only if it is not being deleted, and its stamped, signed intent and its
     assignment hold up; a pod without an intent, from before the webhook, only as deviceplugin/legacy.py says.
 
-    The room on the GPU is judged over `others` (this node's pods), or asked of `usage(index, exclude_uid)` (the
-    node index) when given."""
+    The room on the GPU is asked of `load` (the node index) when given, else judged over `others` (this node's
+    pods)."""
     ref = pod_ref(pod)
     who = f"pod {ref} (container {', '.join(repr(c) for c in containers)})"
     node = (pod.get("spec") or {}).get("nodeName")
@@ -240,13 +163,7 @@ def validate(
     if move:  # the same index on another GPU: the inventory changed under a running pod
         raise Refusal(move, reason="GpuShareMoved")
     slot = slot_of(device_ids)
-    if usage is not None:
-        _, holders = usage(gpu.index, uid)
-    else:
-        _, holders = node_usage(others, ctx, exclude_uid=uid).on(gpu.index)
-    no_room = room_refusal(who, intent.total, gpu, holders, ctx)
-    if no_room is not None:
-        raise no_room
+    _check_room(who, intent.total, gpu, ctx, uid=uid, others=others, load=load)
     recorded = _recorded(annotations, intent, assignment, gpu, ctx, who=who)
     key = ctx.contract.allocation_key
     merged = dict(recorded)
@@ -259,3 +176,92 @@ def validate(
     if assignment.assigned is not True:
         patch[ASSIGNED] = "true"
     return Accepted(ref, intent, gpu, slot, allocation, patch)
+
+
+def _check_room(who: str, need: int, gpu: Gpu, ctx: Context, *, uid: str, others: Sequence[Mapping[str, Any]],
+                load: Load | None) -> None:
+    if load is None:
+        _, holders = node_usage(others, ctx, exclude_uid=uid).on(gpu.index)
+    elif load.units_on(gpu.index, uid) + need <= gpu.memory_units:
+        return
+    else:
+        holders = load.holders_on(gpu.index, uid)
+    no_room = room_refusal(who, need, gpu, holders, ctx)
+    if no_room is not None:
+        raise no_room
+
+
+def moved(pin: Pin, index: int | None, uuid: str | None, who: str, node: str) -> str | None:
+    """Why a pod pinned to `pin` may not start on GPU `index` (`uuid`), or None when it is the same GPU."""
+    if index == pin.index and uuid in (None, pin.uuid):
+        return None
+    now = f"names GPU {index}" if index is not None else "names no GPU"
+    if index == pin.index:
+        now = f"names GPU {index}, which is now {uuid}"
+    return (
+        f"{who} was allocated GPU {pin.index} ({pin.uuid}) of node {node}, but its {IDX} annotation or allocation "
+        f"record now {now}; a pod never moves to another GPU once allocated, so the container is not started; "
+        f"set {IDX} and the allocation record back to GPU {pin.index}, or delete the pod and create it again"
+    )
+
+
+def deleting_refusal(who: str, ctx: Context) -> Refusal:
+    """A container of a pod being deleted is never started: the kubelet may still start one whose image pull went on
+    after the deletion, and the memory the pod was given already counts as free."""
+    if ctx.placement == "extender":
+        freed = ("the scheduler extender counts a deleted pod's GPU memory as free at once and may have placed another "
+                 "pod there")
+    else:
+        freed = "this node's plugin counts a deleted pod's GPU memory as free once none of its GPU containers runs"
+    return Refusal(
+        f"{who} is being deleted, so the container is not started: {freed}, and starting it could put more on the GPU "
+        "than it holds; nothing to do, the pod goes away by itself",
+        reason="GpuSharePodDeleting",
+    )
+
+
+def _leaving(holders: Sequence[Holder]) -> tuple[int, str, bool]:
+    """(units held by pods being deleted, their names, whether there is more than one)."""
+    leaving = [h for h in holders if h.leaving]
+    return sum(h.units for h in leaving), ", ".join(str(h) for h in leaving[:5]), len(leaving) > 1
+
+
+def room_refusal(who: str, need: int, gpu: Gpu, holders: Sequence[Holder], ctx: Context) -> Refusal | None:
+    """None when `need` more units fit on `gpu` beside what `holders` hold there; else the refusal, which says whether
+    it clears by itself (the room is held by pods being deleted whose GPU containers still run) or what to do."""
+    used = sum(h.units for h in holders)
+    if used + need <= gpu.memory_units:
+        return None
+    unit = ctx.contract.unit
+    leaving, names, several = _leaving(holders)
+    head = f"{who} needs {need} {unit} on GPU {gpu.index}, but {used} of its {gpu.memory_units} {unit}"
+    if used - leaving + need <= gpu.memory_units:
+        pods, runs, stop, its = (("pods", "are", "those pods have", "their") if several
+                                 else ("pod", "is", "that pod has", "its"))
+        why = (" (the scheduler extender counts a pod's memory as free as soon as the pod is deleted)"
+               if ctx.placement == "extender" else "")
+        return Refusal(
+            f"{head} are still held, {leaving} {unit} of them by the {pods} {names}, which {runs} being deleted while "
+            f"GPU containers of {'them' if several else 'it'} still run{why}; the container is not started yet, the "
+            f"kubelet retries the start by itself, and it succeeds once {stop} stopped (within {its} termination "
+            "grace period): nothing to do",
+            reason="GpuShareNoRoom",
+        )
+    users = ", ".join(str(h) for h in holders[:5])
+    later = (f"; even once {names}, being deleted, {'have' if several else 'has'} stopped, {used - leaving} {unit} "
+             "stay promised") if leaving else ""
+    if ctx.placement == "extender":
+        started = [str(h) for h in holders if h.legacy][:3]
+        legacy = (f"; or pods the previous device plugin started on another GPU than their {IDX} names, which it "
+                  "counts there and this plugin counts where the kubelet's checkpoint shows them, such as "
+                  f"{', '.join(started)}" if started else "")
+        cause = ("the scheduler extender counted less on this GPU when it placed the pod (more than one extender "
+                 "replica placing pods at once, or pods whose init containers or sidecars ask for more than their app "
+                 f"containers, which it does not count, lead to that{legacy})")
+    else:
+        cause = f"this node's plugin placed the pod on GPU {gpu.index} before those pods were counted there"
+    return Refusal(
+        f"{head} are already promised to {users}{later}; {cause}, so the container is not started; delete this pod so "
+        "that it is placed again (its controller recreates it), or free the GPU by deleting one of those pods",
+        reason="GpuShareNoRoom",
+    )

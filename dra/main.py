@@ -29,6 +29,7 @@ from common.buildinfo import BuildInfo
 from common.settings import SettingsError
 from dra import settings as dra_settings
 from dra.checkpoint import Checkpoint, CheckpointError
+from dra.coreapi import CoreV1
 from dra.driver import ClaimSource, Driver
 from dra.keeper import SliceApi, SliceKeeper
 from dra.kube import KubeDra
@@ -86,7 +87,7 @@ class DraPlugin:
             _make_directory(variable, path)
         if self.kube is None:
             self._own_api = KubeClient(n.kubeconfig, s.timeout_seconds)
-            self.kube = KubeDra(ResourceV1(self._own_api))
+            self.kube = KubeDra(ResourceV1(self._own_api), CoreV1(self._own_api))
         self.keeper = SliceKeeper(self.kube, n.node_name, self.inventory, n.contract.unit, s.resync_seconds)
         # Loads the checkpoint: a corrupt one stops the start (CheckpointError), before anything is served.
         self.driver = Driver(n.node_name, self.inventory, n.contract.unit, source=self.kube,

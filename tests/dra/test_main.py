@@ -186,6 +186,27 @@ def test_stop_removes_its_sockets_but_not_another_process(tmp: Path, api: FakeDr
     assert os.path.exists(s.registration_path)
 
 
+def test_two_pods_of_one_node_serve_side_by_side_and_each_removes_only_its_own_sockets(
+        tmp: Path, api: FakeDraApi) -> None:
+    """A rolling update (maxSurge 1): the new pod starts while the old one serves, on the same node directories."""
+    old = DraPlugin(dra_settings(tmp, GPUSHARE_POD_UID="0ld00000-0000-4000-8000-000000000001"), kube=api)
+    new = DraPlugin(dra_settings(tmp, GPUSHARE_POD_UID="0ew00000-0000-4000-8000-000000000002"), kube=api)
+    paths = [(p.settings.socket_path, p.settings.registration_path) for p in (old, new)]
+    try:
+        old.start()
+        new.start()
+        for socket_path, registration_path in paths:
+            with grpc.insecure_channel(f"unix://{registration_path}") as channel:
+                stub = pluginregistration_pb2_grpc.RegistrationStub(channel)  # type: ignore[no-untyped-call]
+                assert stub.GetInfo(pluginregistration_pb2.InfoRequest(), timeout=30).endpoint == socket_path
+    finally:
+        old.stop()
+    assert not any(os.path.exists(path) for path in paths[0])
+    assert all(os.path.exists(path) for path in paths[1]), "the old pod leaves the new one's sockets"
+    new.stop()
+    assert not any(os.path.exists(path) for path in paths[1])
+
+
 def test_run_starts_waits_and_stops(tmp: Path, api: FakeDraApi) -> None:
     settings = dra_settings(tmp)
     stop = threading.Event()

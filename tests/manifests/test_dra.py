@@ -137,8 +137,13 @@ def test_the_driver_daemonset(overlay: str, tmp_path: Path) -> None:
     assert ctr["image"] == container(plugin, "device-plugin")["image"], "the overlay's image reaches the component"
     hardened(ctr["securityContext"])
     env = env_of(ctr, objs)
-    settings = dra_settings.dra_settings_from({**env, "GPUSHARE_NODE_NAME": "gpu-node-1"})
+    uid = "6f1f3c1e-4b4e-4d4a-9a7e-1f2e3d4c5b6a"
+    settings = dra_settings.dra_settings_from({**env, "GPUSHARE_NODE_NAME": "gpu-node-1", "GPUSHARE_POD_UID": uid})
     assert settings.node.node_name == "gpu-node-1" and env["GPUSHARE_NODE_NAME"] == "<fieldRef:spec.nodeName>"
+    # Rolling updates: each pod's sockets carry its UID, so the new pod serves beside the old one.
+    assert env["GPUSHARE_POD_UID"] == "<fieldRef:metadata.uid>" and uid in settings.socket_path
+    strategy = {o["metadata"]["name"]: o for o in objs if o["kind"] == "DaemonSet"}[DRIVER]["spec"]["updateStrategy"]
+    assert strategy == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
     # Each node directory the driver uses is mounted from the node at the same path (the kubelet dials the socket
     # path the registration gives, on the node).
     volumes = {v["name"]: v for v in spec["volumes"]}

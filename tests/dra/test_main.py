@@ -23,11 +23,11 @@ from dra.api import dra_pb2_grpc, pluginregistration_pb2, pluginregistration_pb2
 from dra.checkpoint import FILE_NAME
 from dra.keeper import SliceKeeper
 from dra.main import DraPlugin, main, run
-from dra.settings import DraSettings, dra_settings_from
 from node.apiclient import ApiServerError
 from node.inventory import Inventory
 from tests.harness.dra.claims import GPUS, NODE, REF, UID, claim, result
 from tests.harness.dra.fakes import FakeDraApi
+from tests.harness.dra.plugin import dra_settings
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -35,18 +35,6 @@ DEVICES = ["gpu-0", "gpu-1"]
 DEVICE = DEVICES[0]
 POOL = f"the ResourceSlices of node {NODE}"
 DRIVER = str(Path(sys.executable).parent / "gpushare-dra-plugin")
-
-
-def dra_settings(tmp: Path, **env: str) -> DraSettings:
-    """Everything under `tmp` (short: a unix socket path holds 107 bytes); the keeper's thread never steps by
-    itself, so the tests drive it with step()."""
-    base = {
-        "GPUSHARE_NODE_NAME": NODE, "GPUSHARE_FAKE_GPUS": "2x16GiB", "GPUSHARE_DRA_PLUGIN_DIR": f"{tmp}/plugin",
-        "GPUSHARE_DRA_REGISTRY_DIR": f"{tmp}/registry", "GPUSHARE_DRA_STATE_DIR": f"{tmp}/state",
-        "GPUSHARE_CDI_DIR": f"{tmp}/cdi", "GPUSHARE_FAKE_GPU_DIR": f"{tmp}/fake", "GPUSHARE_METRICS_BIND": "",
-        "GPUSHARE_DRA_RESYNC_SECONDS": "3600",
-    }
-    return dra_settings_from({**base, **env})
 
 
 @pytest.fixture

@@ -13,6 +13,8 @@ from contract.keys import DRA_DRIVER
 from dra import settings as dra_settings
 from dra.coreapi import CoreV1
 from dra.kube import KubeDra
+from dra.probe import CHECKS
+from dra.probe import TIMEOUT as PROBE_TIMEOUT
 from dra.resourceapi import ResourceV1
 from dra.slice import pool_slices
 from node.inventory import Gpu
@@ -142,6 +144,11 @@ def test_the_driver_daemonset(overlay: str, tmp_path: Path) -> None:
     assert settings.node.node_name == "gpu-node-1" and env["GPUSHARE_NODE_NAME"] == "<fieldRef:spec.nodeName>"
     # Rolling updates: each pod's sockets carry its UID, so the new pod serves beside the old one.
     assert env["GPUSHARE_POD_UID"] == "<fieldRef:metadata.uid>" and uid in settings.socket_path
+    # Its probes ask its health service, on the socket the settings name, within their own timeout.
+    for probe, check in (("readinessProbe", "ready"), ("livenessProbe", "alive")):
+        assert ctr[probe]["exec"]["command"] == ["gpushare-dra-probe", check] and check in CHECKS
+        assert ctr[probe]["timeoutSeconds"] > PROBE_TIMEOUT
+    assert settings.health_path == f"{dra_settings.DEFAULT_PLUGIN_DIR}/health-{uid}.sock"
     strategy = {o["metadata"]["name"]: o for o in objs if o["kind"] == "DaemonSet"}[DRIVER]["spec"]["updateStrategy"]
     assert strategy == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
     # Each node directory the driver uses is mounted from the node at the same path (the kubelet dials the socket

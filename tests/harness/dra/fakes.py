@@ -39,10 +39,11 @@ class FakeDraApi(FakeClaims):
     """The DRA driver's API server (dra.main.DraApi): claims as FakeClaims, and ResourceSlices by name
     with a resourceVersion each, listed by node and driver as the field selector does; a create by generateName gets
     a new name, a create of a taken name or a write carrying a stale resourceVersion is refused as the API server
-    does (409); `slice_failure` fails slice calls, `refused` the writes of the slices holding the named devices;
-    `consumable_capacity` False stores slices as an API server with DRAConsumableCapacity off does (the fields dropped
-    unless the stored slice already has them). Nodes by name hold their UID (`NODE` exists); delete_node() deletes
-    the Node and, as the garbage collector does, the slices it owns; Events recorded are kept in `events`."""
+    does (409); `slice_failure` fails slice calls and the Node read, `refused` the writes of the slices holding the
+    named devices; `consumable_capacity` False stores slices as an API server with DRAConsumableCapacity off does
+    (the fields dropped unless the stored slice already has them). Nodes by name hold their UID (`NODE` exists);
+    delete_node() deletes the Node and, as the garbage collector does, the slices it owns; Events recorded are kept
+    in `events`."""
 
     def __init__(self, *claims: dict[str, Any]) -> None:
         super().__init__(*claims)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -14,6 +16,7 @@ from node.cdi import write_atomically
 
 VERSION = 1
 FILE_NAME = "gpushare-dra-checkpoint.json"
+LOCK_NAME = "gpushare-dra-checkpoint.lock"
 _CLAIM_FIELDS = {"namespace": str, "name": str, "uid": str, "shares": list}
 _SHARE_FIELDS = {"request": str, "pool": str, "device": str, "gpu_index": int, "units": int, "share_id": str}
 
@@ -67,10 +70,36 @@ def decode(text: str) -> dict[str, PreparedClaim]:
 
 
 class Checkpoint:
-    """The checkpoint file under `state_dir`; a missing file is an empty record (the first start)."""
+    """The checkpoint file under `state_dir`; a missing file is an empty record (the first start).
+
+    During a rolling update two driver pods of one node serve side by side on the same state directory, and the
+    kubelet may call either: update() changes the record under an flock on a lock file beside it, reading the file
+    afresh, so neither pod overwrites a claim the other recorded (upstream's kubeletplugin serialises its calls
+    the same way, with a lock file in the plugin directory: k8s.io/dynamic-resource-allocation
+    kubeletplugin/draplugin.go, serializeGRPCIfEnabled)."""
 
     def __init__(self, state_dir: str) -> None:
         self.path = os.path.join(state_dir, FILE_NAME)
+        self.lock_path = os.path.join(state_dir, LOCK_NAME)
+
+    @contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold the lock file's exclusive flock (released when the file closes, and by the kernel if the process
+        dies)."""
+        os.makedirs(os.path.dirname(self.lock_path), exist_ok=True)  # as save() makes it
+        with open(self.lock_path, "a", encoding="utf-8") as handle:  # "a": created if missing, never truncated
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            yield
+
+    def update(
+        self, change: Callable[[dict[str, PreparedClaim]], dict[str, PreparedClaim]]
+    ) -> dict[str, PreparedClaim]:
+        """Under the lock: the record as the file holds it now, changed by `change`, saved; returns it (OSError when
+        the lock file or the record cannot be written, CheckpointError when the file is no longer readable)."""
+        with self.locked():
+            updated = change(self.load())
+            self.save(updated)
+            return updated
 
     def load(self) -> dict[str, PreparedClaim]:
         try:

@@ -93,14 +93,14 @@ class Driver:
         slot = claim_slot(ref.uid)
         if shares:  # CDI does not allow a device without container edits; no result of ours needs no file
             _written(ref, self.cdi.directory, "GPUSHARE_CDI_DIR", lambda: self.cdi.write(slot, spec))
-        updated = {**self._prepared, ref.uid: PreparedClaim(ref, shares)}
+        claim = PreparedClaim(ref, shares)
         try:
-            _written(ref, os.path.dirname(self.checkpoint.path), "GPUSHARE_DRA_STATE_DIR",
-                     lambda: self.checkpoint.save(updated))
+            # Another driver pod of this node (a rolling update) may have recorded claims since: merge into the file.
+            self._prepared = _written(ref, os.path.dirname(self.checkpoint.path), "GPUSHARE_DRA_STATE_DIR",
+                                      lambda: self.checkpoint.update(lambda now: {ref.uid: claim, **now}))
         except ClaimError:
             self.cdi.remove(slot)
             raise
-        self._prepared = updated
 
     def unprepare(self, ref: ClaimRef) -> None:
         checked(ref)
@@ -112,13 +112,18 @@ class Driver:
                     f"the CDI spec of ResourceClaim {ref} could not be removed from {self.cdi.directory} ({exc}); "
                     "mount that node directory read-write into the driver (GPUSHARE_CDI_DIR)"
                 ) from exc
-            if ref.uid not in self._prepared:
-                log.info("ResourceClaim %s is not in the checkpoint; nothing more to unprepare", ref)
-                return
-            updated = {uid: p for uid, p in self._prepared.items() if uid != ref.uid}
-            _written(ref, os.path.dirname(self.checkpoint.path), "GPUSHARE_DRA_STATE_DIR",
-                     lambda: self.checkpoint.save(updated))
-            self._prepared = updated
+            known: list[bool] = []
+
+            def without(now: dict[str, PreparedClaim]) -> dict[str, PreparedClaim]:
+                known.append(ref.uid in now)
+                return {uid: p for uid, p in now.items() if uid != ref.uid}
+
+            # Read afresh under the lock: the claim may have been prepared by another driver pod of this node.
+            self._prepared = _written(ref, os.path.dirname(self.checkpoint.path), "GPUSHARE_DRA_STATE_DIR",
+                                      lambda: self.checkpoint.update(without))
+        if not any(known):
+            log.info("ResourceClaim %s is not in the checkpoint; nothing more to unprepare", ref)
+            return
         log.info("unprepared ResourceClaim %s", ref)
 
 

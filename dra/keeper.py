@@ -6,9 +6,11 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from contract.modes import Unit
+from dra.events import CAPACITY_OFF, node_event
 from dra.slice import capacity_dropped, inventory_slices, pool_plan
 from node.apiclient import ApiServerError
 from node.inventory import Inventory
@@ -29,6 +31,10 @@ class SliceApi(Protocol):
 
     def delete_slice(self, name: str) -> None: ...
 
+    def node_uid(self, node: str) -> str | None: ...
+
+    def record_event(self, body: Mapping[str, Any]) -> None: ...
+
 
 class SliceKeeper:
     """One step reads the slice and writes it only when needed; a thread repeats the step every `interval`.
@@ -43,7 +49,13 @@ class SliceKeeper:
     off by default in Kubernetes 1.35) drops the devices' allowMultipleAllocations and requestPolicy, and the
     scheduler then gives each claim a whole GPU, which the driver refuses to prepare. That is one error line
     naming the gate; the pool stays published as stored and is written again every CAPACITY_RETRY_STEPS steps,
-    not every step, until the API server keeps the fields."""
+    not every step, until the API server keeps the fields, and one Warning Event on the Node (reason
+    DRAConsumableCapacityOff) for `kubectl describe node` and event alerts.
+
+    Every slice is owned by the Node object (dra.slice.node_owner), whose UID each step reads: a Node deleted and
+    registered again by its kubelet has a new UID, its slices were garbage-collected with the old one, and the next
+    step publishes them owned by the new one. While the Node does not exist nothing is published (a slice owned by
+    a missing UID is garbage-collected at once)."""
 
     def __init__(self, api: SliceApi, node: str, inventory: Inventory, unit: Unit, interval: float) -> None:
         self.api = api
@@ -54,6 +66,8 @@ class SliceKeeper:
         self.writes = 0
         self.failures = 0
         self.capacity_dropped = False  # the API server's last answer to a write lacked the consumable capacity
+        self.event_recorded = False  # the Warning Event saying so was created
+        self.node_uid: str | None = None  # the Node object's metadata.uid, read at each step
         self.published = False  # the last step found or left every slice of the node as its GPUs make them
         self._found = ""  # what the last step found, to log only a change
         self._steps_unwritten = 0
@@ -63,7 +77,7 @@ class SliceKeeper:
 
     def wanted(self) -> list[dict[str, Any]]:
         """The slices this node's GPUs make now: one per healthy GPU (dra.slice.pool_slices)."""
-        return inventory_slices(self.node, self.inventory, self.unit)
+        return inventory_slices(self.node, self.inventory, self.unit, self.node_uid)
 
     def step(self) -> bool:
         """Read the node's slices and write them when one is missing or differs; True when it wrote. Failures
@@ -71,13 +85,21 @@ class SliceKeeper:
         pool = f"the ResourceSlices of node {self.node}"
         sentence = "T" + pool[1:]
         try:
-            existing = self.api.list_slices(self.node)
+            self.node_uid = self.api.node_uid(self.node)
+            existing = self.api.list_slices(self.node) if self.node_uid is not None else []
         except ApiServerError as exc:
             self.failures += 1
             self.published = False
             self._note(f"failed: {exc}", logging.WARNING, "Could not publish %s: %s; the scheduler allocates no "
                        "claim to a GPU whose slice is missing. Trying again every %g s (GPUSHARE_DRA_RESYNC_SECONDS); "
                        "check the driver's API server access.", pool, exc, self.interval)
+            return False
+        if self.node_uid is None:
+            self.published = False
+            self._note("no node", logging.WARNING, "Node %s does not exist in the API server (it was deleted, and its "
+                       "kubelet has not registered it again): its ResourceSlices are owned by the Node and would be "
+                       "garbage-collected, so none is published. Trying again every %g s; the slices are published "
+                       "once the Node is back.", self.node, self.interval)
             return False
         retry = self._steps_unwritten + 1 >= CAPACITY_RETRY_STEPS
         writes, deletes = pool_plan(existing, self.wanted(), consumable_capacity=not self.capacity_dropped or retry)
@@ -108,12 +130,13 @@ class SliceKeeper:
         if any(capacity_dropped(body, answer) for body, answer in stored):
             self.capacity_dropped = True
             self._capacity_error()
+            self._record_capacity_event()
             return True
         if failed:
             return True
         self._found = "current"  # this line says so: the next step that finds them current is quiet
         if self.capacity_dropped:
-            self.capacity_dropped = False
+            self.capacity_dropped = self.event_recorded = False
             log.info("The API server now keeps the consumable capacity of %s (DRAConsumableCapacity is on); "
                      "published %d, deleted %d: claims get shares of their GPU's memory.",
                      pool, len(writes), len(deletes))
@@ -150,6 +173,22 @@ class SliceKeeper:
             "the gate on with --feature-gates=DRAConsumableCapacity=true on kube-apiserver, kube-scheduler and "
             "kube-controller-manager; the driver writes the slices again every %g s and says when they are kept.",
             self.node, self.interval * CAPACITY_RETRY_STEPS)
+
+    def _record_capacity_event(self) -> None:
+        """One Warning Event while the gate stays off (a failure to create it is tried again at the next write)."""
+        if self.event_recorded or self.node_uid is None:
+            return
+        message = (f"The API server dropped allowMultipleAllocations and capacity.memory.requestPolicy from the "
+                   f"gpushare.io ResourceSlices of node {self.node}: its DRAConsumableCapacity feature gate is off, so "
+                   "each claim would get a whole GPU. Turn it on with --feature-gates=DRAConsumableCapacity=true on "
+                   "kube-apiserver, kube-scheduler and kube-controller-manager.")
+        try:
+            self.api.record_event(node_event(self.node, self.node_uid, CAPACITY_OFF, message, datetime.now(UTC)))
+        except ApiServerError as exc:
+            log.warning("Could not record the %s Event of node %s: %s; the driver's log says the same.",
+                        CAPACITY_OFF, self.node, exc)
+            return
+        self.event_recorded = True
 
     def _note(self, found: str, level: int, message: str, *args: Any) -> None:
         if found != self._found:

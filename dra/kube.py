@@ -1,6 +1,7 @@
-"""The API server, seen by the DRA driver: claims read fresh, and the node's ResourceSlices listed, written, deleted.
+"""The API server, seen by the DRA driver: claims read fresh, the node's ResourceSlices listed, written, deleted, the
+Node's UID read (the slices' owner) and Events recorded.
 
-The requests themselves are dra/resourceapi.py's; tests fake ResourceApi."""
+The requests themselves are dra/resourceapi.py's and dra/coreapi.py's; tests fake ResourceApi and CoreApi."""
 
 from __future__ import annotations
 
@@ -25,11 +26,20 @@ class ResourceApi(Protocol):
     def delete_slice(self, name: str) -> None: ...
 
 
-class KubeDra:
-    """The ClaimSource of the driver, and the node's slices, over the driver's resource API."""
+class CoreApi(Protocol):
+    """dra.coreapi.CoreV1's requests (tests fake exactly these)."""
 
-    def __init__(self, api: ResourceApi) -> None:
+    def read_node(self, name: str) -> dict[str, Any] | None: ...
+
+    def create_event(self, namespace: str, body: Mapping[str, Any]) -> None: ...
+
+
+class KubeDra:
+    """The ClaimSource of the driver, and the node's slices, over the driver's resource and core APIs."""
+
+    def __init__(self, api: ResourceApi, core: CoreApi) -> None:
         self.api = api
+        self.core = core
 
     def get_claim(self, namespace: str, name: str) -> dict[str, Any]:
         claim = self.api.read_claim(namespace, name)
@@ -58,3 +68,13 @@ class KubeDra:
     def delete_slice(self, name: str) -> None:
         """Delete a slice of ours no GPU stands for any more (gone already: nothing to do)."""
         self.api.delete_slice(name)
+
+    def node_uid(self, node: str) -> str | None:
+        """The metadata.uid of Node `node` (None while it does not exist: deleted, and not yet registered again by
+        its kubelet)."""
+        uid = ((self.core.read_node(node) or {}).get("metadata") or {}).get("uid")
+        return str(uid) if uid else None
+
+    def record_event(self, body: Mapping[str, Any]) -> None:
+        """Create the Event `body` (from dra.events) in its namespace."""
+        self.core.create_event(str(body["metadata"]["namespace"]), body)

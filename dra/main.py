@@ -4,9 +4,9 @@ Run it as a program (`gpushare-dra-plugin` or `python -m dra.main`, settings fro
 a few flags), or in-process:
 
     plugin = DraPlugin(settings)       # optional: kube=... (claims and slices), inventory=...
-    plugin.start()                     # serve dra.sock, then the registration socket, then publish the slice
+    plugin.start()                     # serve dra.sock, the registration socket, health.sock; publish the slices
     ...
-    plugin.stop()                      # stop the keeper and both servers, remove the sockets it made
+    plugin.stop()                      # stop the keeper and the servers, remove the sockets it made
 
 or `run(settings, stop_event)`, which starts, waits for the event and stops (returns an exit status).
 """
@@ -29,11 +29,13 @@ from common.buildinfo import BuildInfo
 from common.settings import SettingsError
 from dra import settings as dra_settings
 from dra.checkpoint import Checkpoint, CheckpointError
+from dra.coreapi import CoreV1
 from dra.driver import ClaimSource, Driver
+from dra.health import HealthServicer
 from dra.keeper import SliceApi, SliceKeeper
 from dra.kube import KubeDra
 from dra.resourceapi import ResourceV1
-from dra.servicer import DRAPluginServicer, RegistrationServicer, serve_plugin, serve_registration
+from dra.servicer import DRAPluginServicer, RegistrationServicer, serve_health, serve_plugin, serve_registration
 from dra.settings import DRA_VARIABLES, DraSettings
 from node import lifecycle
 from node.apiclient import ApiServerError, KubeClient
@@ -70,6 +72,7 @@ class DraPlugin:
         self._own_api: KubeClient | None = None
         self._servicer: DRAPluginServicer | None = None
         self._servers: list[grpc.Server] = []
+        self._serving = False  # from a start that served every socket to the stop
         # The socket files this driver created (device, inode, ctime) by path: stop() removes only those, never a
         # socket another driver process made at the same path since, nor one it never made (a failed start).
         self._sockets: dict[str, lifecycle.SocketId] = {}
@@ -86,7 +89,7 @@ class DraPlugin:
             _make_directory(variable, path)
         if self.kube is None:
             self._own_api = KubeClient(n.kubeconfig, s.timeout_seconds)
-            self.kube = KubeDra(ResourceV1(self._own_api))
+            self.kube = KubeDra(ResourceV1(self._own_api), CoreV1(self._own_api))
         self.keeper = SliceKeeper(self.kube, n.node_name, self.inventory, n.contract.unit, s.resync_seconds)
         # Loads the checkpoint: a corrupt one stops the start (CheckpointError), before anything is served.
         self.driver = Driver(n.node_name, self.inventory, n.contract.unit, source=self.kube,
@@ -99,6 +102,9 @@ class DraPlugin:
         registration = self.registration
         self._serve("GPUSHARE_DRA_REGISTRY_DIR", s.registration_path,
                     lambda: serve_registration(registration, s.registration_path))
+        health = HealthServicer(self.ready, self.alive)
+        self._serve("GPUSHARE_DRA_PLUGIN_DIR", s.health_path, lambda: serve_health(health, s.health_path))
+        self._serving = True
         if n.metrics_bind is not None:
             self.metrics_server = MetricsServer(n.metrics_bind, self.metrics_registry())
             log.info("serving Prometheus metrics on http://%s:%s/metrics", *self.metrics_server.address)
@@ -111,6 +117,17 @@ class DraPlugin:
         log.info("gpushare DRA driver serving %d GPUs of node %s on %s, registration on %s, ResourceSlice checked "
                  "every %g s", len(self.inventory.gpus), n.node_name, s.socket_path, s.registration_path,
                  s.resync_seconds)
+
+    def alive(self) -> bool:
+        """The liveness probe's answer: the driver serves its sockets (it may still wait on the API server)."""
+        return self._serving
+
+    def ready(self) -> bool:
+        """The readiness probe's answer: the kubelet registered the driver, its DRA service serves, and the last
+        check of the node's ResourceSlices found or left them published."""
+        registration, keeper = self.registration, self.keeper
+        return (self._serving and registration is not None and registration.registered.is_set()
+                and keeper is not None and keeper.published)
 
     def _serve(self, variable: str, path: str, serve: Callable[[], grpc.Server]) -> None:
         try:
@@ -129,12 +146,13 @@ class DraPlugin:
         return registry
 
     def stop(self) -> None:
+        self._serving = False  # not ready, not alive: the probes say so while the servers stop
         if self._xid is not None:
             self._xid.stop()
             self._xid = None
         if self.keeper is not None:
             self.keeper.stop()
-        for server in reversed(self._servers):  # registration first: the kubelet stops sending work
+        for server in reversed(self._servers):  # health, then registration: the kubelet stops sending work
             server.stop(grace=1).wait(timeout=5)
         self._servers.clear()
         if self._servicer is not None:

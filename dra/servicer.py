@@ -13,12 +13,14 @@ from collections.abc import Callable, Sequence
 from typing import Protocol, TypeVar
 
 import grpc
+from grpc_health.v1 import health_pb2_grpc
 
 from contract.keys import DRA_DRIVER
 from dra.api import dra_pb2 as pb
 from dra.api import dra_pb2_grpc, pluginregistration_pb2, pluginregistration_pb2_grpc
 from dra.cdispec import PreparedDevice
 from dra.claims import ClaimError, ClaimRef
+from dra.health import HealthServicer
 from node import deadline, lifecycle
 
 log = logging.getLogger(__name__)
@@ -155,3 +157,7 @@ def serve_registration(servicer: RegistrationServicer, socket_path: str) -> grpc
     return _serve(
         socket_path, functools.partial(pluginregistration_pb2_grpc.add_RegistrationServicer_to_server, servicer)
     )
+
+
+def serve_health(servicer: HealthServicer, socket_path: str) -> grpc.Server:
+    return _serve(socket_path, functools.partial(health_pb2_grpc.add_HealthServicer_to_server, servicer), handlers=2)

@@ -47,8 +47,16 @@ def gpu_device(gpu: Gpu, unit: Unit) -> dict[str, Any]:
     }
 
 
+def node_owner(node: str, uid: str) -> list[dict[str, Any]]:
+    """The ownerReferences of a slice of `node`: its Node object, as the controller, so that the garbage collector
+    deletes the slices when the Node is deleted (what upstream's resourceslice controller sets on a node's slices:
+    k8s.io/dynamic-resource-allocation resourceslice/resourceslicecontroller.go, Owner with Controller: true)."""
+    return [{"apiVersion": "v1", "kind": "Node", "name": node, "uid": uid, "controller": True}]
+
+
 def pool_slices(
-    node: str, gpus: Sequence[Gpu], unhealthy: Collection[int], unit: Unit, generation: int = 1
+    node: str, gpus: Sequence[Gpu], unhealthy: Collection[int], unit: Unit, generation: int = 1, *,
+    node_uid: str | None = None,
 ) -> list[dict[str, Any]]:
     """This node's pool: one ResourceSlice per healthy GPU, each holding that GPU's device.
 
@@ -67,12 +75,15 @@ def pool_slices(
 
     Unhealthy GPUs are left out rather than tainted: Device.taints needs the DRADeviceTaints gate, alpha and off
     in 1.35 (beta from 1.36, GA in 1.37), and without it the API server drops the field, so a taint would not keep
-    claims off the GPU."""
+    claims off the GPU.
+
+    With `node_uid` (the Node object's metadata.uid) each slice is owned by the Node (node_owner)."""
     healthy = [gpu for gpu in gpus if gpu.index not in unhealthy]
+    owner = {} if node_uid is None else {"ownerReferences": node_owner(node, node_uid)}
     return [{
         "apiVersion": API_VERSION,
         "kind": "ResourceSlice",
-        "metadata": {"generateName": slice_prefix(node, gpu.index)},
+        "metadata": {"generateName": slice_prefix(node, gpu.index), **owner},
         "spec": {
             "driver": DRA_DRIVER,
             "nodeName": node,
@@ -82,9 +93,9 @@ def pool_slices(
     } for gpu in healthy]
 
 
-def inventory_slices(node: str, inventory: Inventory, unit: Unit) -> list[dict[str, Any]]:
+def inventory_slices(node: str, inventory: Inventory, unit: Unit, node_uid: str | None = None) -> list[dict[str, Any]]:
     unhealthy = {gpu.index for gpu in inventory.gpus if not inventory.healthy(gpu.index)}
-    return pool_slices(node, inventory.gpus, unhealthy, unit)
+    return pool_slices(node, inventory.gpus, unhealthy, unit, node_uid=node_uid)
 
 
 def _amounts(value: Any) -> Any:
@@ -148,6 +159,16 @@ def _name(item: Mapping[str, Any]) -> str:
     return str((item.get("metadata") or {}).get("name"))
 
 
+def _owners(item: Mapping[str, Any]) -> list[Any]:
+    return list((item.get("metadata") or {}).get("ownerReferences") or [])
+
+
+def _owned_by(item: Mapping[str, Any]) -> list[tuple[Any, ...]]:
+    """The owners as compared: the fields the keeper sets (the API server may add blockOwnerDeletion: false)."""
+    return [tuple(o.get(k) for k in ("apiVersion", "kind", "name", "uid", "controller"))
+            for o in _owners(item) if isinstance(o, Mapping)]
+
+
 def _device(item: Mapping[str, Any]) -> str | None:
     """The name of the one device a slice of this driver holds (None for any other shape)."""
     devices = (item.get("spec") or {}).get("devices") or []
@@ -166,7 +187,8 @@ def pool_plan(
     overwritten), and a wanted slice that none stands for is created by generateName. Of two stored slices holding
     one device (two writers created it at once) the first by name stands, so both writers keep the same one.
     With `consumable_capacity` False (the API server drops it), a slice stored as such a server stores the wanted
-    one counts as the same, so the pool is not written again and again."""
+    one counts as the same, so the pool is not written again and again. A stored slice whose ownerReferences are
+    not the wanted ones (none yet, or a Node of an earlier UID) is written again with them."""
     standing: dict[str, Mapping[str, Any]] = {}
     for item in sorted(existing, key=_name):
         device = _device(item)
@@ -178,6 +200,7 @@ def pool_plan(
     generations = {_generation(e) for e in existing}
     if (not deletes and len(matched) == len(wanted) and len(generations) <= 1
             and all(_published(matched[_device(w)].get("spec") or {}) == _published(w["spec"], consumable_capacity)
+                    and _owned_by(matched[_device(w)]) == _owned_by(w)
                     and ((matched[_device(w)].get("spec") or {}).get("pool") or {}).get("resourceSliceCount")
                     == len(wanted) for w in wanted)):
         return [], []
@@ -185,8 +208,9 @@ def pool_plan(
     writes = []
     for slice_ in wanted:
         stored = matched.get(_device(slice_))
+        owners = {"ownerReferences": _owners(slice_)} if _owners(slice_) else {}
         metadata = dict(slice_["metadata"]) if stored is None else {
-            "name": _name(stored), "resourceVersion": (stored.get("metadata") or {}).get("resourceVersion")}
+            "name": _name(stored), "resourceVersion": (stored.get("metadata") or {}).get("resourceVersion"), **owners}
         spec = {**slice_["spec"], "pool": {**slice_["spec"]["pool"], "generation": generation}}
         writes.append({**slice_, "metadata": metadata, "spec": spec})
     return writes, deletes

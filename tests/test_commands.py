@@ -30,7 +30,8 @@ def variables_of(script: str) -> tuple[Variable, ...]:
     return {
         "gpushare-webhook": WEBHOOK_VARIABLES, "gpushare-device-plugin": PLUGIN_VARIABLES,
         "gpushare-certs": CERTS_VARIABLES, "kubectl-gpushare": KUBECTL_PLUGIN_VARIABLES,
-        "gpushare-dra-plugin": DRA_VARIABLES, "gpushare-webhook-probe": PROBE_VARIABLES,
+        "gpushare-dra-plugin": DRA_VARIABLES, "gpushare-dra-probe": DRA_VARIABLES,
+        "gpushare-webhook-probe": PROBE_VARIABLES,
     }.get(script, ())
 
 

@@ -1,13 +1,14 @@
 from __future__ import annotations
 
+import fcntl
 import json
 from pathlib import Path
 
 import pytest
 
 from dra.cdispec import PreparedDevice
-from dra.checkpoint import FILE_NAME, Checkpoint, CheckpointError
-from dra.claims import ClaimError, Share
+from dra.checkpoint import FILE_NAME, Checkpoint, CheckpointError, PreparedClaim
+from dra.claims import ClaimError, ClaimRef, Share
 from dra.driver import Driver
 from node.cdi import CdiStore
 from node.inventory import Inventory
@@ -81,3 +82,38 @@ def test_corrupt_checkpoint_stops_the_start(tmp_path: Path, source: FakeClaims) 
     (tmp_path / "state" / FILE_NAME).write_text("{")
     with pytest.raises(CheckpointError, match="is corrupt"):
         make_driver(tmp_path, source)
+
+
+OTHER_UID = "00000000-0000-4000-8000-000000000009"
+
+
+def test_two_drivers_of_one_node_keep_each_others_claims(tmp_path: Path) -> None:
+    """A rolling update: the old pod and the new one share the state directory, and the kubelet calls either."""
+    other = claim(result("gpu-1", "2Gi", request="b"), uid=OTHER_UID)
+    other["metadata"]["name"] = "other-claim"
+    source = FakeClaims(claim(result("gpu-0", "4Gi", request="a")), other)
+    old, new = make_driver(tmp_path, source), make_driver(tmp_path, source)
+    old.prepare(REF)
+    new.prepare(ClaimRef("team", "other-claim", OTHER_UID))
+    assert set(Checkpoint(str(tmp_path / "state")).load()) == {UID, OTHER_UID}, "the new pod kept the old's claim"
+    new.unprepare(REF)  # prepared by the old pod, unprepared by the new one
+    assert set(Checkpoint(str(tmp_path / "state")).load()) == {OTHER_UID}
+    assert set(old.prepared()) == {UID}, "in memory until the old pod's next write"
+
+
+def test_the_checkpoint_is_changed_under_the_lock_file(tmp_path: Path) -> None:
+    checkpoint = Checkpoint(str(tmp_path))
+    held: list[bool] = []
+
+    def change(now: dict[str, PreparedClaim]) -> dict[str, PreparedClaim]:
+        with open(checkpoint.lock_path, encoding="utf-8") as handle:  # another open file: another pod's flock
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                held.append(True)
+        return now
+
+    checkpoint.update(change)
+    assert held == [True]
+    with open(checkpoint.lock_path, encoding="utf-8") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released once the update is done

@@ -132,3 +132,79 @@ def test_one_refused_write_does_not_keep_the_other_gpus_unpublished(caplog: pyte
     assert _lines(caplog)[1:] == [
         (logging.INFO, f"The ResourceSlices of node {NODE} differed from this node's GPUs; published 2, deleted 0.")]
     assert not keeper.step()
+
+
+def test_slices_are_owned_by_the_node_and_written_only_when_they_change() -> None:
+    api = FakeDraApi()
+    keeper = _keeper(api)
+    assert keeper.step()
+    for slice_ in api.by_device().values():
+        assert slice_["metadata"]["ownerReferences"] == [
+            {"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": "node-uid-1", "controller": True}]
+    writes = api.slice_writes
+    assert not any(keeper.step() for _ in range(5)), "what the API server holds is what the node's GPUs make"
+    assert api.slice_writes == writes and api.node_reads == 6
+
+
+def test_a_node_deleted_and_registered_again_gets_its_slices_back_with_its_new_uid(
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="dra.keeper")
+    api = FakeDraApi()
+    keeper = _keeper(api)
+    keeper.step()
+    api.delete_node(NODE)
+    assert api.slices == {}, "the garbage collector deleted the Node's slices"
+    assert not keeper.step() and not keeper.step() and not keeper.published
+    assert api.slices == {}, "nothing is published for a Node that does not exist"
+    assert _lines(caplog)[-1] == (logging.WARNING, (
+        f"Node {NODE} does not exist in the API server (it was deleted, and its kubelet has not registered it "
+        "again): its ResourceSlices are owned by the Node and would be garbage-collected, so none is published. "
+        "Trying again every 10 s; the slices are published once the Node is back."))
+    api.nodes[NODE] = "node-uid-2"  # the kubelet registered the node again
+    assert keeper.step() and keeper.published
+    assert {s["metadata"]["ownerReferences"][0]["uid"] for s in api.by_device().values()} == {"node-uid-2"}
+
+
+def test_slices_owned_by_an_earlier_node_uid_are_written_again() -> None:
+    api = FakeDraApi()
+    keeper = _keeper(api)
+    keeper.step()
+    api.nodes[NODE] = "node-uid-2"  # deleted and registered again before the garbage collector came by
+    assert keeper.step()
+    assert {s["metadata"]["ownerReferences"][0]["uid"] for s in api.by_device().values()} == {"node-uid-2"}
+    assert not keeper.step()
+
+
+def test_a_gate_that_is_off_is_one_warning_event_on_the_node() -> None:
+    api = FakeDraApi()
+    api.consumable_capacity = False
+    keeper = _keeper(api)
+    keeper.step()
+    for _ in range(2 * CAPACITY_RETRY_STEPS):
+        keeper.step()
+    assert api.slice_writes == 3 * len(DEVICES), "written at the start and once every CAPACITY_RETRY_STEPS steps"
+    [event] = api.events
+    assert event["type"] == "Warning" and event["reason"] == "DRAConsumableCapacityOff"
+    assert event["metadata"] == {"generateName": f"{NODE}.", "namespace": "default"}
+    assert event["involvedObject"] == {"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": "node-uid-1"}
+    assert event["message"] == (
+        f"The API server dropped allowMultipleAllocations and capacity.memory.requestPolicy from the gpushare.io "
+        f"ResourceSlices of node {NODE}: its DRAConsumableCapacity feature gate is off, so each claim would get a "
+        "whole GPU. Turn it on with --feature-gates=DRAConsumableCapacity=true on kube-apiserver, kube-scheduler "
+        "and kube-controller-manager.")
+
+
+def test_an_event_that_cannot_be_created_is_tried_at_the_next_write(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="dra.keeper")
+    api = FakeDraApi()
+    api.consumable_capacity = False
+    api.event_failure = Conflict("could not create an Event in namespace default: HTTP 403 Forbidden")
+    keeper = _keeper(api)
+    keeper.step()
+    assert not api.events and not keeper.event_recorded
+    assert (logging.WARNING, "Could not record the DRAConsumableCapacityOff Event of node node-a: could not create "
+            "an Event in namespace default: HTTP 403 Forbidden; the driver's log says the same.") in _lines(caplog)
+    api.event_failure = None
+    for _ in range(CAPACITY_RETRY_STEPS):
+        keeper.step()
+    assert len(api.events) == 1 and keeper.event_recorded

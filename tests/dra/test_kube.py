@@ -45,19 +45,46 @@ class FakeResourceApi:
         return body
 
 
+class FakeCoreApi:
+    """dra.coreapi.CoreV1 over Nodes by name, keeping the Events created."""
+
+    def __init__(self, **nodes: dict[str, Any]) -> None:
+        self.nodes = nodes
+        self.events: list[tuple[str, Mapping[str, Any]]] = []
+
+    def read_node(self, name: str) -> dict[str, Any] | None:
+        return self.nodes.get(name)
+
+    def create_event(self, namespace: str, body: Mapping[str, Any]) -> None:
+        self.events.append((namespace, body))
+
+
+def test_the_node_uid_is_read_and_none_while_the_node_does_not_exist() -> None:
+    kube = KubeDra(FakeResourceApi(), FakeCoreApi(**{NODE: {"metadata": {"name": NODE, "uid": "u-1"}}}))
+    assert kube.node_uid(NODE) == "u-1"
+    assert kube.node_uid("gone") is None
+
+
+def test_an_event_is_created_in_its_own_namespace() -> None:
+    core = FakeCoreApi()
+    body = {"metadata": {"generateName": f"{NODE}.", "namespace": "default"}, "reason": "R"}
+    KubeDra(FakeResourceApi(), core).record_event(body)
+    assert core.events == [("default", body)]
+
+
 def test_get_claim_reads_by_namespace_and_name() -> None:
     doc = claim()
-    assert KubeDra(FakeResourceApi(doc)).get_claim("team", "gpu-claim") == doc
+    assert KubeDra(FakeResourceApi(doc), FakeCoreApi()).get_claim("team", "gpu-claim") == doc
 
 
 def test_missing_claim_is_a_claim_error() -> None:
     with pytest.raises(ClaimError, match="ResourceClaim team/gone does not exist"):
-        KubeDra(FakeResourceApi()).get_claim("team", "gone")
+        KubeDra(FakeResourceApi(), FakeCoreApi()).get_claim("team", "gone")
 
 
 def test_slices_are_created_by_generate_name_listed_by_node_and_driver_replaced_and_deleted() -> None:
     api = FakeResourceApi()
-    kube = KubeDra(api)
+    kube = KubeDra(api, FakeCoreApi())
     first, second = pool_slices(NODE, GPUS, set(), "GiB")
     created = kube.write_slice(first)
     assert created is not None

@@ -23,11 +23,11 @@ from dra.api import dra_pb2_grpc, pluginregistration_pb2, pluginregistration_pb2
 from dra.checkpoint import FILE_NAME
 from dra.keeper import SliceKeeper
 from dra.main import DraPlugin, main, run
-from dra.settings import DraSettings, dra_settings_from
 from node.apiclient import ApiServerError
 from node.inventory import Inventory
 from tests.harness.dra.claims import GPUS, NODE, REF, UID, claim, result
 from tests.harness.dra.fakes import FakeDraApi
+from tests.harness.dra.plugin import dra_settings
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -35,18 +35,6 @@ DEVICES = ["gpu-0", "gpu-1"]
 DEVICE = DEVICES[0]
 POOL = f"the ResourceSlices of node {NODE}"
 DRIVER = str(Path(sys.executable).parent / "gpushare-dra-plugin")
-
-
-def dra_settings(tmp: Path, **env: str) -> DraSettings:
-    """Everything under `tmp` (short: a unix socket path holds 107 bytes); the keeper's thread never steps by
-    itself, so the tests drive it with step()."""
-    base = {
-        "GPUSHARE_NODE_NAME": NODE, "GPUSHARE_FAKE_GPUS": "2x16GiB", "GPUSHARE_DRA_PLUGIN_DIR": f"{tmp}/plugin",
-        "GPUSHARE_DRA_REGISTRY_DIR": f"{tmp}/registry", "GPUSHARE_DRA_STATE_DIR": f"{tmp}/state",
-        "GPUSHARE_CDI_DIR": f"{tmp}/cdi", "GPUSHARE_FAKE_GPU_DIR": f"{tmp}/fake", "GPUSHARE_METRICS_BIND": "",
-        "GPUSHARE_DRA_RESYNC_SECONDS": "3600",
-    }
-    return dra_settings_from({**base, **env})
 
 
 @pytest.fixture
@@ -184,6 +172,27 @@ def test_stop_removes_its_sockets_but_not_another_process(tmp: Path, api: FakeDr
         plugin.stop()
     assert not os.path.exists(s.socket_path)
     assert os.path.exists(s.registration_path)
+
+
+def test_two_pods_of_one_node_serve_side_by_side_and_each_removes_only_its_own_sockets(
+        tmp: Path, api: FakeDraApi) -> None:
+    """A rolling update (maxSurge 1): the new pod starts while the old one serves, on the same node directories."""
+    old = DraPlugin(dra_settings(tmp, GPUSHARE_POD_UID="0ld00000-0000-4000-8000-000000000001"), kube=api)
+    new = DraPlugin(dra_settings(tmp, GPUSHARE_POD_UID="0ew00000-0000-4000-8000-000000000002"), kube=api)
+    paths = [(p.settings.socket_path, p.settings.registration_path) for p in (old, new)]
+    try:
+        old.start()
+        new.start()
+        for socket_path, registration_path in paths:
+            with grpc.insecure_channel(f"unix://{registration_path}") as channel:
+                stub = pluginregistration_pb2_grpc.RegistrationStub(channel)  # type: ignore[no-untyped-call]
+                assert stub.GetInfo(pluginregistration_pb2.InfoRequest(), timeout=30).endpoint == socket_path
+    finally:
+        old.stop()
+    assert not any(os.path.exists(path) for path in paths[0])
+    assert all(os.path.exists(path) for path in paths[1]), "the old pod leaves the new one's sockets"
+    new.stop()
+    assert not any(os.path.exists(path) for path in paths[1])
 
 
 def test_run_starts_waits_and_stops(tmp: Path, api: FakeDraApi) -> None:

@@ -68,8 +68,26 @@ def test_each_bad_value_names_its_variable(change: dict[str, str], message: str)
 
 
 def test_a_socket_path_of_107_bytes_is_accepted() -> None:
-    directory = "/" + "d" * (107 - len("//dra.sock"))
-    assert len(dra_settings_from({**BASE, "GPUSHARE_DRA_PLUGIN_DIR": directory}).socket_path) == 107
+    directory = "/" + "d" * (107 - len("//health.sock"))  # the longest name in the plugin directory
+    assert len(dra_settings_from({**BASE, "GPUSHARE_DRA_PLUGIN_DIR": directory}).health_path) == 107
+
+
+POD_UID = "6f1f3c1e-4b4e-4d4a-9a7e-1f2e3d4c5b6a"
+
+
+def test_the_pod_uid_is_in_every_socket_name() -> None:
+    """As upstream's kubeletplugin with RollingUpdate: two pods of one node never share a socket path."""
+    s = dra_settings_from({**BASE, "GPUSHARE_POD_UID": POD_UID})
+    assert s.socket_path == f"/var/lib/kubelet/plugins/gpushare.io/dra-{POD_UID}.sock"
+    assert s.registration_path == f"/var/lib/kubelet/plugins_registry/gpushare.io-{POD_UID}-reg.sock"
+    assert s.health_path == f"/var/lib/kubelet/plugins/gpushare.io/health-{POD_UID}.sock"
+    assert dra_settings_from(BASE).health_path == "/var/lib/kubelet/plugins/gpushare.io/health.sock"
+
+
+@pytest.mark.parametrize("uid", ["../escape", "a/b", "-dash", "x" * 65, "uid with space"])
+def test_a_pod_uid_that_is_no_uid_is_refused(uid: str) -> None:
+    with pytest.raises(SettingsError, match=r"GPUSHARE_POD_UID=.* is not a pod UID .*fieldRef metadata.uid"):
+        dra_settings_from({**BASE, "GPUSHARE_POD_UID": uid})
 
 
 def test_help_table_names_every_variable_read() -> None:

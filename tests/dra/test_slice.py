@@ -10,6 +10,7 @@ from contract.modes import Unit
 from dra.slice import (
     capacity_dropped,
     inventory_slices,
+    node_owner,
     pool_plan,
     pool_slices,
     slice_prefix,
@@ -182,3 +183,20 @@ def test_pool_plan_keeps_one_slice_per_device_and_deletes_the_others() -> None:
     writes, deletes = pool_plan([both, _holding(second, "none")], wanted)
     assert deletes == ["both", "none"]
     assert [w["metadata"] for w in writes] == [s["metadata"] for s in wanted], "each created again by generateName"
+
+
+def test_pool_plan_gives_stored_slices_the_nodes_ownership_and_compares_it() -> None:
+    owned = pool_slices(NODE, GPUS, set(), "MiB", node_uid="uid-1")
+    assert all(s["metadata"]["ownerReferences"] == node_owner(NODE, "uid-1") for s in owned)
+    stored = _stored(pool_slices(NODE, GPUS, set(), "MiB"), 4)
+    writes, deletes = pool_plan(stored, owned)
+    assert not deletes
+    assert [w["metadata"] for w in writes] == [
+        {"name": s["metadata"]["name"], "resourceVersion": s["metadata"]["resourceVersion"],
+         "ownerReferences": node_owner(NODE, "uid-1")} for s in stored]
+    # As the API server answers: blockOwnerDeletion added does not make it differ.
+    answered = [{**s, "metadata": {**s["metadata"], "ownerReferences": [
+        {**node_owner(NODE, "uid-1")[0], "blockOwnerDeletion": False}]}} for s in _stored(owned, 5)]
+    assert pool_plan(answered, owned) == ([], [])
+    writes, _ = pool_plan(answered, pool_slices(NODE, GPUS, set(), "MiB", node_uid="uid-2"))
+    assert {w["metadata"]["ownerReferences"][0]["uid"] for w in writes} == {"uid-2"}

@@ -11,7 +11,10 @@ import pytest
 
 from contract.keys import DRA_DRIVER
 from dra import settings as dra_settings
+from dra.coreapi import CoreV1
 from dra.kube import KubeDra
+from dra.probe import CHECKS
+from dra.probe import TIMEOUT as PROBE_TIMEOUT
 from dra.resourceapi import ResourceV1
 from dra.slice import pool_slices
 from node.inventory import Gpu
@@ -47,8 +50,8 @@ def test_the_component_adds_the_class_the_rbac_and_the_policies(overlay: str, tm
     binding = by_kind["ClusterRoleBinding", DRIVER]
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account, "namespace": NAMESPACE}]
     rules = by_kind["ClusterRole", DRIVER]["rules"]
-    assert {r for rule in rules for r in rule["resources"]} == {"resourceclaims", "resourceslices"}
-    assert {g for rule in rules for g in rule["apiGroups"]} == {"resource.k8s.io"}, "no pod, node or Event"
+    assert {r for rule in rules for r in rule["resources"]} == {"resourceclaims", "resourceslices", "nodes", "events"}
+    assert {g for rule in rules for g in rule["apiGroups"]} == {"resource.k8s.io", ""}, "no pod, nothing else"
     policy = by_kind["ValidatingAdmissionPolicy", "gpushare-dra-own-node-slices"]
     assert f"system:serviceaccount:{NAMESPACE}:{account}" in policy["spec"]["matchConditions"][0]["expression"]
     for name in ("gpushare-dra-own-node-slices", "gpushare-dra-one-share-per-request"):
@@ -72,15 +75,18 @@ def _request(operation: str) -> tuple[str, str]:
 def _driver_requests() -> set[tuple[str, str]]:
     """Every request the driver makes, through every method of its API adapter."""
     client = RecordingClient({"items": []})
-    kube = KubeDra(ResourceV1(client))
+    kube = KubeDra(ResourceV1(client), CoreV1(client))
     methods = {name for name, _ in inspect.getmembers(KubeDra, inspect.isfunction) if not name.startswith("_")}
-    assert methods == {"get_claim", "list_slices", "write_slice", "delete_slice"}, "a new call needs its RBAC here"
+    assert methods == {"get_claim", "list_slices", "write_slice", "delete_slice", "node_uid", "record_event"}, (
+        "a new call needs its RBAC here")
     [body] = pool_slices("node-a", [Gpu(0, "GPU-a", 16)], set(), "GiB")
     kube.get_claim("team", "claim")
     kube.list_slices("node-a")
     kube.write_slice(body)
     kube.write_slice({**body, "metadata": {"name": "stored", "resourceVersion": "7"}})
     kube.delete_slice("stored")
+    kube.node_uid("node-a")
+    kube.record_event({"metadata": {"namespace": "default"}})
     return {_request(operation) for _, operation, _, _ in client.requests}
 
 
@@ -90,11 +96,15 @@ def test_the_drivers_role_grants_every_request_it_makes_and_no_claim_status(over
     claim status, so 1.36's granular status authorization (#134947: resourceclaims/binding, and associated-node:
     verbs on resourceclaims/driver) does not apply to it, and the role grants no claim subresource at all."""
     rules = _by_name(render_with_component(overlay, "dra", tmp_path))["ClusterRole", DRIVER]["rules"]
-    granted = {(resource, verb) for rule in rules if rule["apiGroups"] == ["resource.k8s.io"]
+    granted = {(resource, verb) for rule in rules if rule["apiGroups"] in (["resource.k8s.io"], [""])
                for resource in rule["resources"] for verb in rule["verbs"]}
     requests = _driver_requests()
     assert requests == {("resourceclaims", "get"), ("resourceslices", "list"), ("resourceslices", "create"),
-                        ("resourceslices", "update"), ("resourceslices", "delete")}
+                        ("resourceslices", "update"), ("resourceslices", "delete"), ("nodes", "get"),
+                        ("events", "create")}
+    core = {(resource, verb) for rule in rules if rule["apiGroups"] == [""]
+            for resource in rule["resources"] for verb in rule["verbs"]}
+    assert core == {("nodes", "get"), ("events", "create")}, "its Node read, its Events created, nothing more"
     assert requests <= granted, requests - granted
     assert {verb for resource, verb in granted if resource == "resourceclaims"} == {"get"}, "claims are only read"
     assert not [r for rule in rules for r in rule["resources"] if "/" in r], "no status, binding or driver rights"
@@ -129,8 +139,18 @@ def test_the_driver_daemonset(overlay: str, tmp_path: Path) -> None:
     assert ctr["image"] == container(plugin, "device-plugin")["image"], "the overlay's image reaches the component"
     hardened(ctr["securityContext"])
     env = env_of(ctr, objs)
-    settings = dra_settings.dra_settings_from({**env, "GPUSHARE_NODE_NAME": "gpu-node-1"})
+    uid = "6f1f3c1e-4b4e-4d4a-9a7e-1f2e3d4c5b6a"
+    settings = dra_settings.dra_settings_from({**env, "GPUSHARE_NODE_NAME": "gpu-node-1", "GPUSHARE_POD_UID": uid})
     assert settings.node.node_name == "gpu-node-1" and env["GPUSHARE_NODE_NAME"] == "<fieldRef:spec.nodeName>"
+    # Rolling updates: each pod's sockets carry its UID, so the new pod serves beside the old one.
+    assert env["GPUSHARE_POD_UID"] == "<fieldRef:metadata.uid>" and uid in settings.socket_path
+    # Its probes ask its health service, on the socket the settings name, within their own timeout.
+    for probe, check in (("readinessProbe", "ready"), ("livenessProbe", "alive")):
+        assert ctr[probe]["exec"]["command"] == ["gpushare-dra-probe", check] and check in CHECKS
+        assert ctr[probe]["timeoutSeconds"] > PROBE_TIMEOUT
+    assert settings.health_path == f"{dra_settings.DEFAULT_PLUGIN_DIR}/health-{uid}.sock"
+    strategy = {o["metadata"]["name"]: o for o in objs if o["kind"] == "DaemonSet"}[DRIVER]["spec"]["updateStrategy"]
+    assert strategy == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
     # Each node directory the driver uses is mounted from the node at the same path (the kubelet dials the socket
     # path the registration gives, on the node).
     volumes = {v["name"]: v for v in spec["volumes"]}

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from contract.keys import DRA_DRIVER
-from dra.slice import pool_slices, slice_prefix
+from dra.slice import node_owner, pool_slices, slice_prefix
 from node.inventory import Gpu
 from tests.harness.apiserver import policies
 from tests.harness.manifests.render import NAMESPACE, find, render_with_component
@@ -106,3 +106,32 @@ def test_a_token_without_a_node_writes_no_slice_and_other_identities_are_not_jud
     messages = admit(policy, "CREATE", generated(NODE), node=None)
     assert messages and messages[0].startswith("The gpushare DRA driver's token names no node")
     assert admit(policy, "CREATE", sliced(SQUAT, driver="squatter.example.com"), user="system:node:node-a") is None
+
+
+def owned(slice_: Obj, *owners: Obj) -> Obj:
+    return {**slice_, "metadata": {**slice_["metadata"], "ownerReferences": list(owners)}}
+
+
+@pytest.mark.parametrize("operation", ["CREATE", "UPDATE"])
+def test_a_slice_owned_by_its_own_node_is_admitted(policy: Obj, operation: str) -> None:
+    [body] = pool_slices(NODE, [Gpu(0, "GPU-0", 16)], set(), "GiB", node_uid="uid-a")
+    stored = {**body, "metadata": {**body["metadata"], "name": generated(NODE)["metadata"]["name"]}}
+    assert stored["metadata"]["ownerReferences"] == node_owner(NODE, "uid-a")
+    assert admit(policy, operation, stored) == []
+
+
+@pytest.mark.parametrize(
+    ("owner", "named"),
+    [({"apiVersion": "v1", "kind": "Node", "name": OTHER, "uid": "uid-b", "controller": True}, f"v1 Node {OTHER}"),
+     ({"apiVersion": "apps/v1", "kind": "DaemonSet", "name": NODE, "uid": "uid-d"}, f"apps/v1 DaemonSet {NODE}"),
+     ({"apiVersion": "v2", "kind": "Node", "name": NODE, "uid": "uid-a"}, f"v2 Node {NODE}")],
+    ids=["another node", "another kind", "another apiVersion"],
+)
+@pytest.mark.parametrize("operation", ["CREATE", "UPDATE"])
+def test_a_slice_owned_by_anything_but_its_own_node_is_refused(policy: Obj, operation: str, owner: Obj,
+                                                                named: str) -> None:
+    name = generated(NODE)["metadata"]["name"]
+    mine = node_owner(NODE, "uid-a")[0]
+    assert admit(policy, operation, owned(generated(NODE), mine, owner)) == [
+        f"The gpushare DRA driver on node {NODE} may make its ResourceSlice {name} owned only by its own Node "
+        f"(ownerReferences apiVersion v1, kind Node, name {NODE}), not by {named}."]

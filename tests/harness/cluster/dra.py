@@ -18,7 +18,7 @@ from typing import Any
 from contract.dra import gpu_index
 from contract.keys import DRA_DRIVER
 from contract.quantity import quantity_bytes
-from e2e import extender, gpushare
+from e2e import control, extender, gpushare
 from e2e.cluster import Cluster
 from e2e.kube import Kubectl
 from tests.harness.cluster import workloads as w
@@ -52,6 +52,32 @@ def driver_running(cluster: Cluster, tmp: Any) -> Iterator[None]:
         cluster.stop_dra()
         cluster.start_extender()
         cluster.start_plugin()
+
+
+def restart_apiserver(cluster: Cluster, *gates: str) -> None:
+    """kube-apiserver stopped and started again as e2e.cluster starts it, with `gates` (NAME=true|false) after the
+    tier's own --feature-gates: the flag may be given more than once, and a later value of a gate wins
+    (k8s.io/component-base featuregate, Set merges each occurrence into the known gates)."""
+    s = cluster.settings
+    audit = (control.audit_policy(cluster.conf / "audit-policy.yaml"), cluster.audit_log)
+    argv = control.apiserver(s, cluster.toolchain.kube("kube-apiserver"), cluster.pki_dir, audit)
+    if gates:
+        argv.insert(len(argv) - 1, f"--feature-gates={','.join(gates)}")  # before --v, after the tier's gates
+    cluster.procs.stop("kube-apiserver")
+    cluster.procs.start("kube-apiserver", argv)
+    kubectl = cluster.kubectl()
+    cluster.procs.wait_ready("kube-apiserver", lambda: kubectl.run(["get", "--raw", "/readyz"], timeout=5)[0] == 0,
+                             120, "answering /readyz")
+
+
+@contextlib.contextmanager
+def apiserver_gates(cluster: Cluster, *gates: str) -> Iterator[None]:
+    """The API server with `gates` while inside; started again with the tier's own gates on leaving."""
+    restart_apiserver(cluster, *gates)
+    try:
+        yield
+    finally:
+        restart_apiserver(cluster)
 
 
 def our_slices(kubectl: Kubectl, node: str) -> list[dict[str, Any]]:

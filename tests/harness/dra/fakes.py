@@ -12,6 +12,7 @@ from typing import Any
 from contract.keys import DRA_DRIVER
 from dra.slice import without_consumable_capacity
 from node.apiclient import ApiServerError, Conflict, KubeClient
+from tests.harness.dra.claims import NODE
 
 # k8s.io/apiserver pkg/storage/names/generate.go: the first 58 characters of generateName and five random ones (here
 # counted, so that tests read the same names each run).
@@ -38,9 +39,11 @@ class FakeDraApi(FakeClaims):
     """The DRA driver's API server (dra.main.DraApi): claims as FakeClaims, and ResourceSlices by name
     with a resourceVersion each, listed by node and driver as the field selector does; a create by generateName gets
     a new name, a create of a taken name or a write carrying a stale resourceVersion is refused as the API server
-    does (409); `slice_failure` fails slice calls, `refused` the writes of the slices holding the named devices;
-    `consumable_capacity` False stores slices as an API server with DRAConsumableCapacity off does (the fields dropped
-    unless the stored slice already has them)."""
+    does (409); `slice_failure` fails slice calls and the Node read, `refused` the writes of the slices holding the
+    named devices; `consumable_capacity` False stores slices as an API server with DRAConsumableCapacity off does
+    (the fields dropped unless the stored slice already has them). Nodes by name hold their UID (`NODE` exists);
+    delete_node() deletes the Node and, as the garbage collector does, the slices it owns; Events recorded are kept
+    in `events`."""
 
     def __init__(self, *claims: dict[str, Any]) -> None:
         super().__init__(*claims)
@@ -49,6 +52,10 @@ class FakeDraApi(FakeClaims):
         self.slice_failure: Exception | None = None
         self.refused: dict[str, ApiServerError] = {}
         self.consumable_capacity = True
+        self.nodes = {NODE: "node-uid-1"}
+        self.node_reads = 0
+        self.events: list[dict[str, Any]] = []
+        self.event_failure: Exception | None = None
         self._versions = 0
         self._suffixes = itertools.count()
 
@@ -85,6 +92,23 @@ class FakeDraApi(FakeClaims):
         self.slices[name] = {**copy.deepcopy(dict(body)), "spec": spec,
                              "metadata": {**metadata, "resourceVersion": str(self._versions)}}
         return copy.deepcopy(self.slices[name])
+
+    def node_uid(self, node: str) -> str | None:
+        self.node_reads += 1
+        if self.slice_failure is not None:
+            raise self.slice_failure
+        return self.nodes.get(node)
+
+    def delete_node(self, node: str) -> None:
+        """The Node deleted, and its dependents with it (the garbage collector, by owner UID)."""
+        uid = self.nodes.pop(node)
+        self.slices = {name: s for name, s in self.slices.items()
+                       if all(o.get("uid") != uid for o in s["metadata"].get("ownerReferences") or [])}
+
+    def record_event(self, body: Mapping[str, Any]) -> None:
+        if self.event_failure is not None:
+            raise self.event_failure
+        self.events.append(copy.deepcopy(dict(body)))
 
     def _generated(self, prefix: str) -> str:
         """A name not taken (the API server tries again when the random one is)."""

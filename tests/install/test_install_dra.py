@@ -42,6 +42,7 @@ PLUGIN_DIR = node.KUBELET_DIR / "plugins" / DRA_DRIVER  # the chart's GPUSHARE_D
 REGISTRY_DIR = node.KUBELET_DIR / "plugins_registry"
 RESYNC_S = 10  # the driver's GPUSHARE_DRA_RESYNC_SECONDS (its default: the chart sets none)
 DRA_NODE_LABEL = "gpushare.io/gpu-memory=dra"  # the chart's default dra.nodeSelector
+NODE_AUTHORIZER_RACE = "no relationship found between node"  # the node authorizer refusing (the rolling test)
 
 
 @pytest.fixture(scope="module")
@@ -171,8 +172,12 @@ def test_a_rolling_restart_while_pods_hold_prepared_claims_loses_none_and_reject
     print(f"\n8 pods through a rolling restart of the driver: {json.dumps(asdict(out))}", file=sys.stderr)
     assert out.wrong_gpu == [] and out.made_up == [] and out.stuck == [] and out.failed == [], out
     assert out.over_committed == {} and out.started == out.on_claimed_gpu == 8, out
+    # The kubelet's own fetch of a new pod's claim may be refused once by the node authorizer, whose graph adds the
+    # claim-to-node edge only when its informer has seen the pod bound (plugin/pkg/auth/authorizer/node/graph.go,
+    # AddPod; docs/dra.md): Kubernetes' race, retried by the kubelet, never reaching the driver. Any other refusal is.
     refused = [e["message"] for e in kubectl.json(["get", "events", "-n", namespace])["items"]
-               if e.get("reason") in ("FailedPrepareDynamicResources", "UnexpectedAdmissionError")]
+               if e.get("reason") in ("FailedPrepareDynamicResources", "UnexpectedAdmissionError")
+               and NODE_AUTHORIZER_RACE not in e.get("message", "")]
     assert refused == [], refused
     held = _reserved_claim_uids(kubectl, namespace)
     assert len(held) == 8 and held <= set(Checkpoint(str(node.DRA_STATE_DIR)).load()), "a prepared claim was lost"

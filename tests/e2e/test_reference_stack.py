@@ -20,8 +20,8 @@ import pytest
 from e2e.cluster import Cluster
 from e2e.kube import Kubectl
 from e2e.refstack import Stacks
-from tests.harness.cluster import scenarios
-from tests.harness.cluster.demo import scratch_namespace
+from tests.harness.realtier import scenarios
+from tests.harness.realtier.demo import scratch_namespace
 
 # GPU-share pods here are placed by the reference scheduler extender (skipped, with the reason, without it).
 pytestmark = pytest.mark.usefixtures("needs_extender")

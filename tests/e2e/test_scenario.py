@@ -11,8 +11,8 @@ import pytest
 from e2e import matrix
 from e2e.cluster import Cluster
 from e2e.kube import Kubectl
-from tests.harness.cluster import scenarios
-from tests.harness.cluster.scenarios import Scenario
+from tests.harness.realtier import scenarios
+from tests.harness.realtier.scenarios import Scenario
 
 # The kubelet's own refusals when it admits a batch at its start (pkg/kubelet/cm/devicemanager/manager.go,
 # devicesToAllocate): before the device plugin has registered again its devices are unhealthy, and until its pod

@@ -1,6 +1,6 @@
 """The one home of pod builders: pods as the webhook, the device plugin, the kubectl plugin and the policy cases
 see them (stamped by the real mutation, placed as the scheduler extender places them, allocated as the plugin
-records it), and AdmissionReviews around them. The real-cluster tier's workloads (tests/harness/cluster/workloads.py)
+records it), and AdmissionReviews around them. The real-cluster tier's workloads (tests/harness/realtier/workloads.py)
 are pods a real kubelet runs, with images and commands: they stay there."""
 
 from __future__ import annotations

@@ -26,8 +26,8 @@ from e2e.cluster import Cluster
 from e2e.kube import Kubectl
 from tests.e2e.test_scenario import KUBELET_OWN
 from tests.harness import alerts
-from tests.harness.cluster import scenarios
-from tests.harness.cluster import workloads as w
+from tests.harness.realtier import scenarios
+from tests.harness.realtier import workloads as w
 
 pytestmark = pytest.mark.usefixtures("needs_extender")
 

@@ -22,8 +22,8 @@ from e2e.cluster import Cluster
 from e2e.kube import Kubectl
 from e2e.projectimage import UPGRADE_SUFFIX
 from tests.e2e.test_scenario import KUBELET_OWN
-from tests.harness.cluster import scenarios
-from tests.harness.cluster import workloads as w
+from tests.harness.realtier import scenarios
+from tests.harness.realtier import workloads as w
 from tests.install.test_install import PART_OF, PODS, _ours, _ready, assert_nothing_of_ours_left
 
 pytestmark = pytest.mark.usefixtures("needs_extender")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness.sim.cluster import Cluster, ClusterSpec
+from tests.harness.sim.cluster import ClusterSpec, SimCluster
 from tests.harness.sim.scenario import PodShape, Result, Scenario, random_scenario, run_scenario
 from tests.harness.webhook.server import RunningWebhook, webhook_server
 
@@ -29,9 +29,9 @@ class Clusters:
     def __init__(self, stack: ExitStack) -> None:
         self.stack = stack
         self.hooks: dict[tuple[str, str], RunningWebhook] = {}
-        self.clusters: dict[tuple[str, int, str, str], Cluster] = {}
+        self.clusters: dict[tuple[str, int, str, str], SimCluster] = {}
 
-    def get(self, delivery: str, nodes: int, gpus: str, placement: str = "extender") -> Cluster:
+    def get(self, delivery: str, nodes: int, gpus: str, placement: str = "extender") -> SimCluster:
         if (delivery, placement) not in self.hooks:  # the webhook reads both cluster-wide settings
             directory = Path(self.stack.enter_context(tempfile.TemporaryDirectory(prefix="gs-hook-")))
             self.hooks[(delivery, placement)] = self.stack.enter_context(
@@ -39,14 +39,14 @@ class Clusters:
         key = (delivery, nodes, gpus, placement)
         if key not in self.clusters:
             spec = ClusterSpec(nodes=nodes, gpus=gpus, delivery=delivery, seed=nodes, placement=placement)
-            cluster = Cluster(spec, self.hooks[(delivery, placement)])
+            cluster = SimCluster(spec, self.hooks[(delivery, placement)])
             cluster.start()
             self.clusters[key] = cluster
         return self.clusters[key]
 
     def close(self) -> None:
         with futures.ThreadPoolExecutor(max_workers=max(1, len(self.clusters))) as pool:
-            list(pool.map(Cluster.close, self.clusters.values()))
+            list(pool.map(SimCluster.close, self.clusters.values()))
 
 
 @pytest.fixture(scope="module")

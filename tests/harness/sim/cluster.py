@@ -67,7 +67,7 @@ class ClusterSpec:
     start_deleted: bool = True
 
 
-class Cluster:
+class SimCluster:
     """Start with start() (or `with`); close() stops every actor and server and removes the temp directory."""
 
     def __init__(self, spec: ClusterSpec, webhook: Webhook | None = None) -> None:
@@ -97,7 +97,7 @@ class Cluster:
             raise RuntimeError("the cluster is not started; call start() or use it as a context manager")
         return self._admin
 
-    def __enter__(self) -> Cluster:
+    def __enter__(self) -> SimCluster:
         self.start()
         return self
 
@@ -235,5 +235,5 @@ class _OurPlugin:
         self.stop()
 
 
-def node_names(cluster: Cluster) -> Sequence[str]:
+def node_names(cluster: SimCluster) -> Sequence[str]:
     return [k.config.node for k in cluster.kubelets]

@@ -66,7 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     # gRPC's C core logs connection teardown at INFO on stderr; the table is what this command is for.
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
-    from tests.harness.sim.cluster import Cluster
+    from tests.harness.sim.cluster import SimCluster
     from tests.harness.sim.scenario import reference_cluster, reference_scenario, run_scenario
     from tests.harness.webhook.server import webhook_server
 
@@ -78,13 +78,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="gs-demo-") as directory:
         print(f"Running with the gpushare webhook and device plugin ({args.delivery} delivery) ...", flush=True)
-        with webhook_server(Path(directory), {"GPUSHARE_DELIVERY": args.delivery}) as hook, Cluster(
+        with webhook_server(Path(directory), {"GPUSHARE_DELIVERY": args.delivery}) as hook, SimCluster(
             reference_cluster("ours", args.delivery, args.seed), hook
         ) as cluster:
             ours = run_scenario(cluster, scenario)
     print("Running with the reference plugin's algorithm (no webhook, as the reference deployment has) ...",
           flush=True)
-    with Cluster(reference_cluster("baseline", "env", args.seed)) as cluster:
+    with SimCluster(reference_cluster("baseline", "env", args.seed)) as cluster:
         baseline = run_scenario(cluster, scenario)
     print()
     print(table(ours, baseline))

@@ -13,7 +13,7 @@ from typing import Any
 
 from contract.keys import DEFAULT_RESOURCE
 from tests.harness.apiserver.ports import ApiError, Pod
-from tests.harness.sim.cluster import Cluster, ClusterSpec, PluginKind
+from tests.harness.sim.cluster import ClusterSpec, PluginKind, SimCluster
 from tests.harness.sim.invariants import Observation, Summary, Violation, check, summarize
 from tests.harness.sim.replicaset import ReplicaSet
 
@@ -120,11 +120,11 @@ def _meta(pod: Pod) -> dict[str, Any]:
     return meta
 
 
-def _pods(cluster: Cluster, namespace: str) -> list[Pod]:
+def _pods(cluster: SimCluster, namespace: str) -> list[Pod]:
     return [p for p in cluster.admin.list_pods()[0] if _meta(p).get("namespace") == namespace]
 
 
-def _settled(cluster: Cluster, namespace: str, groups: Sequence[ReplicaSet]) -> bool:
+def _settled(cluster: SimCluster, namespace: str, groups: Sequence[ReplicaSet]) -> bool:
     extender = cluster.extender
     waiting = set(extender.unschedulable) | set(extender.bind_errors) if extender is not None else set()
     for pod in _pods(cluster, namespace):
@@ -145,7 +145,7 @@ def _settled(cluster: Cluster, namespace: str, groups: Sequence[ReplicaSet]) -> 
     return all(rs.settled() for rs in groups)
 
 
-def wait_settled(cluster: Cluster, namespace: str, groups: Sequence[ReplicaSet], timeout_s: float) -> bool:
+def wait_settled(cluster: SimCluster, namespace: str, groups: Sequence[ReplicaSet], timeout_s: float) -> bool:
     deadline = time.monotonic() + timeout_s
     stable = 0
     while time.monotonic() < deadline:
@@ -156,7 +156,7 @@ def wait_settled(cluster: Cluster, namespace: str, groups: Sequence[ReplicaSet],
     return False
 
 
-def _delete_some(cluster: Cluster, namespace: str, scenario: Scenario, rng: random.Random,
+def _delete_some(cluster: SimCluster, namespace: str, scenario: Scenario, rng: random.Random,
                  total: int) -> dict[str, str]:
     """Delete pods as their owner would, preferring pods that are admitted by their kubelet but not yet running
     (pulling)."""
@@ -201,7 +201,7 @@ def _image(scenario: Scenario, namespace: str, tag: str) -> str:
     return f"registry.example/{namespace}/{'nvidia/cuda' if scenario.cuda_images else 'app'}:{tag}"
 
 
-def run_scenario(cluster: Cluster, scenario: Scenario) -> Result:
+def run_scenario(cluster: SimCluster, scenario: Scenario) -> Result:
     """Run one scenario in a fresh namespace, judge it, then delete everything it made and check the release."""
     started = time.monotonic()
     rng = random.Random(scenario.seed)
@@ -246,7 +246,7 @@ def run_scenario(cluster: Cluster, scenario: Scenario) -> Result:
     return Result(scenario, namespace, observation, violations, summary, time.monotonic() - started, errors, deleted)
 
 
-def _tear_down(cluster: Cluster, namespace: str, groups: Sequence[ReplicaSet]) -> list[Violation]:
+def _tear_down(cluster: SimCluster, namespace: str, groups: Sequence[ReplicaSet]) -> list[Violation]:
     """Delete the scenario's pods and check every kubelet lets go of their devices."""
     for rs in groups:
         rs.close()

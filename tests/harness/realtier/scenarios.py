@@ -23,7 +23,7 @@ from typing import Any
 
 from e2e.cluster import Cluster
 from e2e.kube import Kubectl
-from tests.harness.cluster import workloads as w
+from tests.harness.realtier import workloads as w
 
 SETTLE_S = 300
 PLUGIN = "gpushare-device-plugin"  # the source component of our plugin's Events

@@ -21,8 +21,8 @@ from contract.quantity import quantity_bytes
 from e2e import extender, gpushare
 from e2e.cluster import Cluster
 from e2e.kube import Kubectl
-from tests.harness.cluster import workloads as w
 from tests.harness.manifests.render import render, render_with_component
+from tests.harness.realtier import workloads as w
 
 GIB = 1 << 30
 SETTLE_S = 300

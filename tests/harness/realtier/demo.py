@@ -32,8 +32,8 @@ from e2e.kube import Kubectl
 from e2e.procs import StartError
 from e2e.refstack import Stacks
 from e2e.settings import from_environ
-from tests.harness.cluster import scenarios
-from tests.harness.cluster.scenarios import Outcome, Scenario
+from tests.harness.realtier import scenarios
+from tests.harness.realtier.scenarios import Outcome, Scenario
 
 LOCK = Path("/tmp/gpushare-e2e.lock")
 STACKS = ("reference", "env", "cdi")

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from contract.dra import gpu_index
+from contract.dra import consumed_memory, driver_results, gpu_index
 from contract.keys import DRA_DRIVER
 from contract.quantity import quantity_bytes
 from e2e import extender, gpushare
@@ -102,11 +102,10 @@ def claim_gpus(kubectl: Kubectl, namespace: str, pod: dict[str, Any]) -> dict[in
     """GPU index -> bytes the pod's claims consumed there, from the claims' allocation results (our driver's)."""
     out: dict[int, int] = {}
     for claim in _claims(kubectl, namespace, pod):
-        for result in ((claim.get("status") or {}).get("allocation") or {}).get("devices", {}).get("results") or []:
-            index = gpu_index(result.get("device", "")) if result.get("driver") == DRA_DRIVER else None
+        for result in driver_results(claim):
+            index = gpu_index(str(result.get("device", "")))
             if index is not None:
-                memory = (result.get("consumedCapacity") or {}).get("memory", "0")
-                out[index] = out.get(index, 0) + int(quantity_bytes(memory))
+                out[index] = out.get(index, 0) + int(quantity_bytes(str(consumed_memory(result) or "0")))
     return out
 
 

@@ -13,8 +13,9 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from tests.harness.scenarios import random_scenario, reference_scenario
 from tests.harness.sim.cluster import ClusterSpec, SimCluster
-from tests.harness.sim.scenario import random_scenario, reference_cluster, reference_scenario, run_scenario
+from tests.harness.sim.scenario import reference_cluster, run_scenario
 from tests.harness.webhook.server import webhook_server
 
 

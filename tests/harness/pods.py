@@ -93,6 +93,26 @@ def unit_pod(name: str, containers: Mapping[str, int], init: Mapping[str, int] |
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
 
 
+def shaped_pod(containers: tuple[int, ...], init: tuple[int, ...] = (), *, sidecar: bool = False,
+               zero_limit: bool = False, name: str = "", generate_name: str = "", image: str = "cuda") -> Pod:
+    """A scenario's pod (tests/harness/scenarios.py PodShape): app containers app0, app1, ... and init containers
+    init0, ... with these units (0: no GPU memory, said with a limit of "0" when `zero_limit`); `sidecar` makes the
+    first init container restartable."""
+    def one(prefix: str, i: int, units: int) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": f"{prefix}{i}", "image": image}
+        if units or zero_limit:
+            out["resources"] = {"limits": {RES: str(units)}}
+        return out
+
+    meta: dict[str, Any] = {"name": name} if name else {"generateName": generate_name}
+    spec: dict[str, Any] = {"containers": [one("app", i, u) for i, u in enumerate(containers)]}
+    if init:
+        spec["initContainers"] = [one("init", i, u) for i, u in enumerate(init)]
+        if sidecar:
+            spec["initContainers"][0]["restartPolicy"] = "Always"
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
+
+
 def counter(prefix: str = "alloc") -> Callable[[], str]:
     numbers = itertools.count(1)
     return lambda: f"{prefix}-{next(numbers)}"

@@ -14,8 +14,9 @@ import pytest
 
 from contract import ASSIGNED, IDX, POD
 from contract.keys import GPU_COUNT
+from tests.harness.scenarios import PodShape
 from tests.harness.sim.cluster import ClusterSpec, SimCluster
-from tests.harness.sim.scenario import PodShape, wait_settled
+from tests.harness.sim.scenario import wait_settled
 from tests.harness.webhook.server import webhook_server
 from tests.kubectlplugin.test_cli import EXECUTABLE
 

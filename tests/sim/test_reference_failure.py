@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness.scenarios import reference_scenario
 from tests.harness.sim.cluster import SimCluster
-from tests.harness.sim.scenario import Result, reference_cluster, reference_scenario, run_scenario
+from tests.harness.sim.scenario import Result, reference_cluster, run_scenario
 from tests.harness.webhook.server import RunningWebhook, webhook_server
 
 pytestmark = pytest.mark.timeout(180)

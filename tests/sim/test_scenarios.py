@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness.scenarios import PodShape, Scenario, random_scenario
 from tests.harness.sim.cluster import ClusterSpec, SimCluster
-from tests.harness.sim.scenario import PodShape, Result, Scenario, random_scenario, run_scenario
+from tests.harness.sim.scenario import Result, run_scenario
 from tests.harness.webhook.server import RunningWebhook, webhook_server
 
 SCENARIOS = int(os.environ.get("GPUSHARE_SIM_SCENARIOS", "100"))
@@ -94,7 +95,7 @@ def test_node_local_placement_holds_every_invariant(clusters: Clusters, seed: in
 
 
 def _shapes(scenarios: list[Scenario]) -> list[PodShape]:
-    return [s for sc in scenarios for s in (*sc.pods, *([sc.group[0]] if sc.group else []))]
+    return [s for sc in scenarios for s in (*sc.pods, *(g.shape for g in sc.groups))]
 
 
 def test_the_seeds_cover_every_shape() -> None:
@@ -106,7 +107,7 @@ def test_the_seeds_cover_every_shape() -> None:
     assert any(0 in s.containers for s in shapes), "containers without GPU memory"
     assert any(sc.restarts for sc in scenarios), "kubelet restarts"
     assert any(sc.delete for sc in scenarios), "deletions"
-    assert any(sc.group for sc in scenarios), "ReplicaSet groups"
+    assert any(sc.groups for sc in scenarios), "ReplicaSet groups"
     # Under the extender every pod is bookable (the app containers' sum is its whole request) ...
     assert all(max((*s.init, 0)) <= sum(s.containers) and not (s.sidecar and s.init[0]) for s in shapes)
     # ... and node placement, which books the whole pod, has the others: larger init containers, GPU sidecars.

@@ -25,10 +25,10 @@ from tests.harness.apiserver.client import SimClient
 from tests.harness.apiserver.configs import load_yaml_documents
 from tests.harness.apiserver.ports import Pod, PodApi
 from tests.harness.apiserver.server import ApiServer
+from tests.harness.judge import Observation
 from tests.harness.kubelet.node import Kubelet, KubeletConfig
 from tests.harness.sim.baseline import BaselinePlugin
 from tests.harness.sim.extender import Extender, SimNode
-from tests.harness.sim.invariants import Observation
 from tests.harness.sim.replicaset import ReplicaSet
 
 log = logging.getLogger(__name__)

@@ -10,7 +10,7 @@ from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from tests.harness.apiserver.patching import strategic_merge
+from tests.harness.apiserver.patching import merge_patch, strategic_merge
 from tests.harness.apiserver.status import ApiError
 from tests.harness.apiserver.store import Store
 
@@ -55,19 +55,6 @@ class PodApi(Protocol):
 
 def now_rfc3339() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
-def merge_patch(target: Any, patch: Any) -> Any:
-    """RFC 7386 JSON merge patch (what `application/merge-patch+json` does)."""
-    if not isinstance(patch, Mapping):
-        return copy.deepcopy(patch)
-    out = dict(target) if isinstance(target, Mapping) else {}
-    for key, value in patch.items():
-        if value is None:
-            out.pop(key, None)
-        else:
-            out[key] = merge_patch(out.get(key), value)
-    return out
 
 
 def selector_matches(labels: Mapping[str, str], selector: str | None) -> bool:
@@ -162,7 +149,7 @@ class MemoryClient:
     def _patch(self, namespace: str, name: str, patch: Mapping[str, Any], strategic: bool = False) -> Pod:
         with self._store.lock:
             pod = self._memory.current(namespace, name)
-            merged = strategic_merge(pod, dict(patch)) if strategic else merge_patch(pod, patch)
+            merged = strategic_merge(pod, dict(patch)) if strategic else merge_patch(pod, dict(patch))
             merged["metadata"]["resourceVersion"] = pod["metadata"]["resourceVersion"]
             return self._memory.write(merged)
 

@@ -163,12 +163,7 @@ class Store:
         with self.lock:
             if (namespace, name) in self._objects[key]:
                 raise already_exists(resource, name, group)
-            self._rv += 1
-            meta["resourceVersion"] = str(self._rv)
-            stored = copy.deepcopy(obj)
-            self._objects[key][(namespace, name)] = stored
-            self._record("ADDED", key, namespace, stored, None)
-            return copy.deepcopy(stored)
+            return self._write("ADDED", key, (namespace, name), obj, None)
 
     def replace(self, key: str, obj: Obj, expect_rv: str, resource: str, group: str = "") -> Obj:
         """Compare-and-swap: `expect_rv` must be the stored resourceVersion, else 409 Conflict."""
@@ -180,12 +175,16 @@ class Store:
                 raise not_found(resource, name, group)
             if current["metadata"]["resourceVersion"] != expect_rv:
                 raise stale(resource, name, group)
-            self._rv += 1
-            meta["resourceVersion"] = str(self._rv)
-            stored = copy.deepcopy(obj)
-            self._objects[key][(namespace, name)] = stored
-            self._record("MODIFIED", key, namespace, stored, current)
-            return copy.deepcopy(stored)
+            return self._write("MODIFIED", key, (namespace, name), obj, current)
+
+    def _write(self, type_: str, key: str, where: tuple[str, str], obj: Obj, old: Obj | None) -> Obj:
+        """Store `obj` under the next resourceVersion (written into it too) and tell the watchers."""
+        self._rv += 1
+        _meta(obj)["resourceVersion"] = str(self._rv)
+        stored = copy.deepcopy(obj)
+        self._objects[key][where] = stored
+        self._record(type_, key, where[0], stored, old)
+        return copy.deepcopy(stored)
 
     def remove(self, key: str, namespace: str, name: str, expect_rv: str | None, *args: str) -> Obj:
         """`args` is (resource plural[, group]) for the error messages."""

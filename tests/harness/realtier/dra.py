@@ -14,7 +14,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from contract.dra import consumed_memory, driver_results, gpu_index
+from contract.dra import MEMORY, consumed_memory, driver_results, gpu_index
 from contract.keys import DRA_DRIVER
 from contract.quantity import quantity_bytes
 from e2e import extender, gpushare
@@ -64,7 +64,7 @@ def claim_template(name: str, gib: int) -> dict[str, Any]:
     return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate", "metadata": {"name": name},
             "spec": {"spec": {"devices": {"requests": [{
                 "name": "gpu", "exactly": {"deviceClassName": DRA_DRIVER,
-                                           "capacity": {"requests": {"memory": f"{gib}Gi"}}}}]}}}}
+                                           "capacity": {"requests": {MEMORY: f"{gib}Gi"}}}}]}}}}
 
 
 def claimed(container: dict[str, Any], claim: str = "gpu") -> dict[str, Any]:

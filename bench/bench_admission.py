@@ -17,6 +17,7 @@ from typing import Any
 import jsonpatch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from tests.harness.pods import inference_pod, review
 from webhook.rules.mutate import mutate
 from webhook.rules.review import parse_review, respond, username
 from webhook.rules.validate import validate
@@ -27,27 +28,8 @@ KEY = Ed25519PrivateKey.generate()
 LIMIT = 8 * 1024 * 1024
 
 
-def gpu_pod(i: int) -> dict[str, Any]:
-    containers = [
-        {"name": f"c{j}", "image": "cuda:12", "resources": {"limits": {"aliyun.com/gpu-mem": str(2 + j)}},
-         "env": [{"name": "MODEL", "value": "m"}]}
-        for j in range(3)
-    ]
-    return {
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"generateName": f"infer-{i}-", "namespace": "ml", "labels": {"app": "infer"}},
-        "spec": {"containers": containers, "initContainers": [
-            {"name": "fetch", "image": "busybox", "resources": {"limits": {"aliyun.com/gpu-mem": "4"}}}]},
-    }
-
-
-def review(obj: dict[str, Any], i: int) -> bytes:
-    request = {
-        "uid": f"uid-{i}", "kind": {"group": "", "version": "v1", "kind": "Pod"},
-        "resource": {"group": "", "version": "v1", "resource": "pods"}, "namespace": "ml",
-        "operation": "CREATE", "userInfo": {"username": "alice"}, "object": obj,
-    }
-    return json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request}).encode()
+def review_bytes(obj: dict[str, Any], i: int) -> bytes:
+    return json.dumps(review("CREATE", obj, uid=f"uid-{i}", namespace="ml")).encode()
 
 
 def passthrough(body: bytes) -> bytes:
@@ -96,7 +78,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pods", type=int, default=2000)
     args = parser.parse_args()
-    creates = [review(gpu_pod(i), i) for i in range(args.pods)]
+    creates = [review_bytes(inference_pod(i), i) for i in range(args.pods)]
     validated = [stamped(body) for body in creates]
     base, base_mem = measure(passthrough, creates)
     rows = [("pass-through (baseline)", base, base_mem),

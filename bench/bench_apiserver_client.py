@@ -5,7 +5,7 @@ Run: .venv/bin/python -m bench.bench_apiserver_client [--runs 3] [--mode service
 bench/apiclient is a double of kube-apiserver's admission webhook client: the real mutating and validating
 admission plugins of k8s.io/apiserver v0.34.4 with their ClientManager, rest client and transport, over the webhook
 configurations of manifests/base/admission.yaml (built once into a cache folder by bench/apiclient/build.sh). It
-creates the benchmark's GPU-share pod (bench/workload.py) in shapes: 30 one after another 100 ms apart, then a
+creates the benchmark's GPU-share pod (tests/harness/pods.py) in shapes: 30 one after another 100 ms apart, then a
 ReplicaSet of 30 and one of 300, created as kube-controller-manager does (slow-start batches, through its client's
 default rate limit of 20 per second after 30). For each webhook entry it reads the API server's own metric,
 apiserver_admission_webhook_admission_duration_seconds (the call, plus for mutate applying the patch), and counts
@@ -42,9 +42,9 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from bench.workload import create_review, deployment_pod
 from certs.build import dev_bundle
 from certs.cli import write_files
+from tests.harness.pods import create_review, deployment_pod
 from tests.harness.webhook.server import REPO, webhook_server
 from webhook.server.app import create_app
 from webhook.server.settings import settings_from

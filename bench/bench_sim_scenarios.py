@@ -13,8 +13,9 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from tests.harness.sim.cluster import Cluster, ClusterSpec
-from tests.harness.sim.scenario import random_scenario, reference_cluster, reference_scenario, run_scenario
+from tests.harness.scenarios import random_scenario, reference_scenario
+from tests.harness.sim.cluster import ClusterSpec, SimCluster
+from tests.harness.sim.scenario import reference_cluster, run_scenario
 from tests.harness.webhook.server import webhook_server
 
 
@@ -28,7 +29,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         Path(directory), {"GPUSHARE_DELIVERY": args.delivery}
     ) as hook:
         started = time.monotonic()
-        with Cluster(ClusterSpec(delivery=args.delivery), hook) as cluster:
+        with SimCluster(ClusterSpec(delivery=args.delivery), hook) as cluster:
             up = time.monotonic() - started
             started = time.monotonic()
             bad = sum(1 for seed in range(args.scenarios) if run_scenario(cluster, random_scenario(seed)).violations)
@@ -38,7 +39,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"{bad} with violations")
         timings = {}
         for plugin in ("ours", "baseline"):
-            with Cluster(reference_cluster(plugin, args.delivery), hook if plugin == "ours" else None) as cluster:
+            with SimCluster(reference_cluster(plugin, args.delivery), hook if plugin == "ours" else None) as cluster:
                 result = run_scenario(cluster, reference_scenario())
             timings[plugin] = result.elapsed_s
             print(f"reference scenario, {plugin}: {result.elapsed_s:.1f} s, {result.summary}")

@@ -2,7 +2,7 @@
 
 Run: .venv/bin/python -m bench.bench_webhook_http [--seconds 5] [--workers 2 --threads 4]
 Starts the real server (gunicorn.conf.py, our asyncio worker, development certificates in a temporary directory)
-on a free 127.0.0.1 port and posts a realistic ~6 KB Deployment pod review (bench/workload.py) to /mutate. The
+on a free 127.0.0.1 port and posts a realistic ~6 KB Deployment pod review (tests/harness/pods.py) to /mutate. The
 baseline, measured against the same server in the same run, is GET /healthz: what the server costs by itself.
 Also shown: how the CPU time of the mutate run spread over the worker processes (keep-alive connections stay on
 the process that accepted them), and a floor measured the same way: bench/floor_app.py served by the same server,
@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.workload import create_review, deployment_pod
+from tests.harness.pods import create_review, deployment_pod
 from webhook.server.serve import GUNICORN_CONF, prepare_dev
 
 TARGETS = {"ratio": 0.75, "p99_ms": 3.0, "rps": 1500.0}

@@ -2,8 +2,8 @@
 
 POST /mutate does only the work no implementation of the protocol can skip: read the body, parse it as JSON, sign
 one intent with Ed25519 (DESIGN.md: the plugins trust only signed intents) and answer with an AdmissionReview as
-large as the real one for bench/workload.py's pod. GET /healthz is the webhook's own. bench/bench_webhook_http.py
-serves this app with gunicorn.conf.py to show how close /mutate can come to /healthz at all.
+large as the real one for the benchmarks' Deployment pod (tests/harness/pods.py). GET /healthz is the webhook's own.
+bench/bench_webhook_http.py serves this app with gunicorn.conf.py to show how close /mutate can come to /healthz at all.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import orjson
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from flask import Flask, Response, request
 
-from bench.workload import create_review, deployment_pod
+from tests.harness.pods import create_review, deployment_pod
 from webhook.rules.review import respond
 from webhook.server.app import create_app
 from webhook.server.settings import settings_from

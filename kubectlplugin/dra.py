@@ -6,8 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from contract.dra import MEMORY, gpu_index
-from contract.keys import DRA_DRIVER
+from contract.dra import consumed_memory, driver_results, gpu_index
 from contract.modes import Unit
 from contract.quantity import QuantityError, quantity_units
 from kubectlplugin.model import ContainerRow, PodRow
@@ -49,14 +48,11 @@ def claim_rows(claims: Iterable[Obj], pods: Iterable[Obj], unit: Unit) -> list[P
         meta = claim.get("metadata") or {}
         namespace, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
         status = claim.get("status") or {}
-        results = ((status.get("allocation") or {}).get("devices") or {}).get("results") or []
         users = [str(r.get("name", "")) for r in status.get("reservedFor") or [] if r.get("resource") == "pods"]
-        for result in results:
-            if result.get("driver") != DRA_DRIVER:
-                continue
+        for result in driver_results(claim):
             index = gpu_index(str(result.get("device", "")))
             try:
-                units = quantity_units(str((result.get("consumedCapacity") or {}).get(MEMORY, "")), unit)
+                units = quantity_units(str(consumed_memory(result) or ""), unit)
                 reason, state = f"DRA claim {name}", "allocated"
             except QuantityError as exc:
                 units, reason, state = 0, f"DRA claim {name}: {exc}", "invalid"

@@ -30,7 +30,7 @@ from e2e import settings as ports
 from e2e.cluster import Cluster
 from e2e.kube import Kubectl, KubeError, Rest
 from e2e.pki import kubeconfig
-from tests.harness.cluster import workloads
+from tests.harness.realtier import workloads
 
 # GPU-share pods here are placed by the reference scheduler extender (skipped, with the reason, without it).
 pytestmark = pytest.mark.usefixtures("needs_extender")

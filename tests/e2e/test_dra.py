@@ -19,9 +19,9 @@ from e2e import fakenvml, gpushare, matrix
 from e2e.cluster import Cluster
 from e2e.kube import Kubectl, KubeError, Rest
 from node.inventory import fake_gpus
-from tests.harness.cluster import dra
-from tests.harness.cluster import workloads as w
-from tests.harness.cluster.stall import StallRelay
+from tests.harness.realtier import dra
+from tests.harness.realtier import workloads as w
+from tests.harness.realtier.stall import StallRelay
 
 
 @pytest.fixture(scope="module")

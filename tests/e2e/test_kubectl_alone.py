@@ -17,8 +17,8 @@ import yaml
 
 from e2e.cluster import Cluster
 from e2e.kube import Kubectl, kubectl_path
-from tests.harness.cluster import workloads as w
 from tests.harness.kubectl_alone import install_alone, wheel_from_copy
+from tests.harness.realtier import workloads as w
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ import pytest
 from contract import ASSIGNED, IDX, POD
 from e2e.cluster import Cluster
 from e2e.kube import Kubectl
-from tests.harness.cluster import workloads as w
+from tests.harness.realtier import workloads as w
 
 # GPU-share pods here are placed by the reference scheduler extender (skipped, with the reason, without it).
 pytestmark = pytest.mark.usefixtures("needs_extender")

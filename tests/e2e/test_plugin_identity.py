@@ -15,7 +15,7 @@ from contract import ASSIGNED
 from e2e import gpushare
 from e2e.cluster import Cluster
 from e2e.kube import Kubectl, KubeError, Rest
-from tests.harness.cluster import workloads as w
+from tests.harness.realtier import workloads as w
 
 OTHER = "gpushare-e2e-other-node"  # a Node object without a kubelet: pods bound to it stay Pending
 STRATEGIC = "application/strategic-merge-patch+json"

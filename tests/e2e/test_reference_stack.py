@@ -20,8 +20,9 @@ import pytest
 from e2e.cluster import Cluster
 from e2e.kube import Kubectl
 from e2e.refstack import Stacks
-from tests.harness.cluster import scenarios
-from tests.harness.cluster.demo import scratch_namespace
+from tests.harness.realtier import scenarios
+from tests.harness.realtier.demo import scratch_namespace
+from tests.harness.scenarios import BUG_REPORT, KUBELET_DOWN, TWO_CONTAINERS, Scenario
 
 # GPU-share pods here are placed by the reference scheduler extender (skipped, with the reason, without it).
 pytestmark = pytest.mark.usefixtures("needs_extender")
@@ -40,17 +41,17 @@ def stacks(cluster: Cluster, needs_extender: None) -> Iterator[Stacks]:
 def test_the_reference_plugin_gives_two_container_pods_made_up_devices(cluster: Cluster, kubectl: Kubectl,
                                                                      stacks: Stacks) -> None:
     with scratch_namespace(cluster, kubectl) as namespace:
-        out = scenarios.run(cluster, kubectl, namespace, "reference", scenarios.TWO_CONTAINERS)
+        out = scenarios.run(cluster, kubectl, namespace, "reference", TWO_CONTAINERS)
     print(f"\nreference stack, {out.scenario}: {out.as_json()}", file=sys.stderr)
-    assert out.started == scenarios.TWO_CONTAINERS.replicas, out.as_json()
-    assert len(out.made_up) == 2 * scenarios.TWO_CONTAINERS.replicas, out.made_up
+    assert out.started == TWO_CONTAINERS.replicas, out.as_json()
+    assert len(out.made_up) == 2 * TWO_CONTAINERS.replicas, out.made_up
     assert all(m.endswith("no-gpu-has-4GiB-to-run") for m in out.made_up), out.made_up
 
 
-@pytest.mark.parametrize("scenario", [scenarios.BUG_REPORT, scenarios.KUBELET_DOWN],
+@pytest.mark.parametrize("scenario", [BUG_REPORT, KUBELET_DOWN],
                          ids=lambda s: s.name.replace(" ", "-"))
 def test_the_reference_stack_on_the_bug_reports_shapes(cluster: Cluster, kubectl: Kubectl, stacks: Stacks,
-                                                       scenario: scenarios.Scenario) -> None:
+                                                       scenario: Scenario) -> None:
     with scratch_namespace(cluster, kubectl) as namespace:
         out = scenarios.run(cluster, kubectl, namespace, "reference", scenario)
     verdict = "failed" if out.failed else "held"

@@ -9,7 +9,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from e2e import settings as ports
 from e2e.cluster import Cluster
 from e2e.kube import Kubectl
-from tests.harness.cluster import workloads as w
+from tests.harness.realtier import workloads as w
 
 
 def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -11,8 +11,8 @@ import pytest
 from e2e import matrix
 from e2e.cluster import Cluster
 from e2e.kube import Kubectl
-from tests.harness.cluster import scenarios
-from tests.harness.cluster.scenarios import Scenario
+from tests.harness.realtier import scenarios
+from tests.harness.scenarios import BUG_REPORT, SCENARIOS, Scenario
 
 # The kubelet's own refusals when it admits a batch at its start (pkg/kubelet/cm/devicemanager/manager.go,
 # devicesToAllocate): before the device plugin has registered again its devices are unhealthy, and until its pod
@@ -24,11 +24,11 @@ KUBELET_OWN = ("requested number of devices unavailable for aliyun.com/gpu-mem",
                "cannot allocate unregistered device aliyun.com/gpu-mem")
 
 
-@pytest.mark.parametrize("scenario", scenarios.SCENARIOS, ids=lambda s: s.name.replace(" ", "-"))
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda s: s.name.replace(" ", "-"))
 def test_every_container_on_its_pods_gpu(cluster: Cluster, needs_extender: None, delivery: str, kubectl: Kubectl,
                                          namespace: str, scenario: Scenario) -> None:
     out = scenarios.run(cluster, kubectl, namespace, delivery, scenario)
-    if scenario is scenarios.BUG_REPORT:
+    if scenario is BUG_REPORT:
         matrix.record(scenario.name, delivery, out.seconds)
     print(f"\n{scenario.name} on the real node, delivery {delivery}: {out.as_json()}", file=sys.stderr)
     assert out.wrong_gpu == [] and out.made_up == [], out.as_json()

@@ -9,7 +9,7 @@ import pytest
 from e2e import gpushare
 from e2e.cluster import Cluster
 from e2e.kube import Kubectl
-from tests.harness.cluster import workloads as w
+from tests.harness.realtier import workloads as w
 
 
 def test_an_image_that_selects_every_gpu_gets_none(cluster: Cluster, needs_extender: None, delivery: str,

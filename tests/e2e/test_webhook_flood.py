@@ -22,7 +22,7 @@ from e2e import settings as ports
 from e2e.cluster import Cluster
 from e2e.kube import Rest
 from tests.e2e.test_refusals import scrape
-from tests.harness.cluster import workloads as w
+from tests.harness.realtier import workloads as w
 from tests.harness.webhook.stalled_clients import open_idle
 
 CREATES = 20  # pods created through the API server while the connections are held, half of them GPU-share

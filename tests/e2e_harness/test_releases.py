@@ -12,8 +12,8 @@ import pytest
 from e2e import toolchain
 from e2e.settings import E2eSettings
 from release.artifacts import Artifacts
-from tests.harness.cluster import releases
-from tests.harness.cluster.releases import Release, Releases
+from tests.harness.realtier import releases
+from tests.harness.realtier.releases import Release, Releases
 
 # The release module of a tag's tree, as far as the harness sees it: `python -m release --out DIR` writes the
 # archive and SHA256SUMS there, and says which tree it ran in.

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.harness.cluster.stall import StallRelay
+from tests.harness.realtier.stall import StallRelay
 
 
 @pytest.fixture

@@ -1,12 +1,14 @@
 """The one home of pod builders: pods as the webhook, the device plugin, the kubectl plugin and the policy cases
 see them (stamped by the real mutation, placed as the scheduler extender places them, allocated as the plugin
-records it), and AdmissionReviews around them. The real-cluster tier's workloads (tests/harness/cluster/workloads.py)
+records it), the benchmarks' pods (a realistic 6 KB Deployment pod, many small GPU-share pods), and AdmissionReviews
+around them. The real-cluster tier's workloads (tests/harness/realtier/workloads.py)
 are pods a real kubelet runs, with images and commands: they stay there."""
 
 from __future__ import annotations
 
 import copy
 import itertools
+import json
 import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -37,6 +39,7 @@ EXTENDER = "system:serviceaccount:kube-system:gpushare-schd-extender"
 PLUGIN = "system:serviceaccount:gpushare-system:gpushare-device-plugin"
 USER = "alice"
 NODE = "gpu-node-1"
+REPLICASET_CONTROLLER = "system:serviceaccount:kube-system:replicaset-controller"
 ALLOCATION = Contract().allocation_key
 
 Pod = dict[str, Any]
@@ -88,6 +91,26 @@ def unit_pod(name: str, containers: Mapping[str, int], init: Mapping[str, int] |
         spec["initContainers"] = [one(c, u) for c, u in init.items()]
     metadata = {"name": name, **({"namespace": namespace} if namespace is not None else {})}
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
+
+
+def shaped_pod(containers: tuple[int, ...], init: tuple[int, ...] = (), *, sidecar: bool = False,
+               zero_limit: bool = False, name: str = "", generate_name: str = "", image: str = "cuda") -> Pod:
+    """A scenario's pod (tests/harness/scenarios.py PodShape): app containers app0, app1, ... and init containers
+    init0, ... with these units (0: no GPU memory, said with a limit of "0" when `zero_limit`); `sidecar` makes the
+    first init container restartable."""
+    def one(prefix: str, i: int, units: int) -> dict[str, Any]:
+        out: dict[str, Any] = {"name": f"{prefix}{i}", "image": image}
+        if units or zero_limit:
+            out["resources"] = {"limits": {RES: str(units)}}
+        return out
+
+    meta: dict[str, Any] = {"name": name} if name else {"generateName": generate_name}
+    spec: dict[str, Any] = {"containers": [one("app", i, u) for i, u in enumerate(containers)]}
+    if init:
+        spec["initContainers"] = [one("init", i, u) for i, u in enumerate(init)]
+        if sidecar:
+            spec["initContainers"][0]["restartPolicy"] = "Always"
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
 
 
 def counter(prefix: str = "alloc") -> Callable[[], str]:
@@ -160,3 +183,84 @@ def review(operation: str, obj: Pod, old: Pod | None = None, *, user: str = USER
         "dryRun": False,
     }
     return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request}
+
+
+def inference_pod(i: int) -> Pod:
+    """The admission benchmark's pod: three GPU-share containers and a GPU-share init container."""
+    containers = [container(f"c{j}", str(2 + j), env=[{"name": "MODEL", "value": "m"}]) for j in range(3)]
+    fetch = container("fetch", "4")
+    fetch["image"] = "busybox"
+    out = pod(*containers, inits=[fetch], name=None)
+    out["metadata"].update(generateName=f"infer-{i}-", labels={"app": "infer"})
+    return out
+
+
+def _bench_env(prefix: str, count: int) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = [{"name": f"{prefix}_{i}", "value": f"value-{i}-" + "x" * 12} for i in range(count)]
+    out.append({"name": "POD_NAME", "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.name"}}})
+    return out
+
+
+def _bench_container(name: str, units: int, env: int) -> dict[str, Any]:
+    return {
+        "name": name, "image": f"registry.example/ml/{name}:2024.11.3", "imagePullPolicy": "IfNotPresent",
+        "args": ["--port=8080", "--model=/models/llama", "--max-batch=32"],
+        "ports": [{"name": "http", "containerPort": 8080, "protocol": "TCP"}],
+        "env": _bench_env(name.upper(), env),
+        "resources": {"limits": {"aliyun.com/gpu-mem": str(units), "cpu": "2", "memory": "8Gi"},
+                      "requests": {"aliyun.com/gpu-mem": str(units), "cpu": "1", "memory": "4Gi"}},
+        "volumeMounts": [{"name": "models", "mountPath": "/models", "readOnly": True},
+                         {"name": "kube-api-access-x7k2p", "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount",
+                          "readOnly": True}],
+        "readinessProbe": {"httpGet": {"path": "/ready", "port": 8080, "scheme": "HTTP"}, "periodSeconds": 5,
+                           "timeoutSeconds": 1, "successThreshold": 1, "failureThreshold": 3},
+        "terminationMessagePath": "/dev/termination-log", "terminationMessagePolicy": "File",
+    }
+
+
+def deployment_pod(namespace: str = "ml") -> dict[str, Any]:
+    init = _bench_container("fetch-model", 2, 2)
+    init["args"] = ["sync", "s3://models/llama", "/models"]
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {
+            "generateName": "infer-7d9f8b6c5d-", "namespace": namespace,
+            "labels": {"app": "infer", "pod-template-hash": "7d9f8b6c5d", "team": "ml-platform"},
+            "annotations": {"kubectl.kubernetes.io/restartedAt": "2026-11-30T10:00:00Z"},
+            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "infer-7d9f8b6c5d",
+                                 "uid": "5f0c2a6e-1b7d-4c39-9a1e-2f3b4c5d6e7f", "controller": True,
+                                 "blockOwnerDeletion": True}],
+            "managedFields": [{"manager": "kube-controller-manager", "operation": "Update", "apiVersion": "v1",
+                               "time": "2026-11-30T10:00:01Z", "fieldsType": "FieldsV1",
+                               "fieldsV1": {"f:metadata": {"f:generateName": {}, "f:labels": {".": {}, "f:app": {}}},
+                                            "f:spec": {"f:containers": {'k:{"name":"server"}': {".": {}}}}}}],
+        },
+        "spec": {
+            "initContainers": [init],
+            "containers": [_bench_container("server", 4, 7), _bench_container("sidecar", 2, 4)],
+            "volumes": [{"name": "models", "emptyDir": {}},
+                        {"name": "kube-api-access-x7k2p", "projected": {"defaultMode": 420, "sources": [
+                            {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
+                            {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+                        ]}}],
+            "restartPolicy": "Always", "terminationGracePeriodSeconds": 30, "dnsPolicy": "ClusterFirst",
+            "serviceAccountName": "default", "schedulerName": "default-scheduler", "priority": 0,
+            "enableServiceLinks": True, "preemptionPolicy": "PreemptLowerPriority",
+            "securityContext": {}, "nodeSelector": {"gpu": "shared"},
+            "tolerations": [{"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute",
+                             "tolerationSeconds": 300}],
+        },
+        "status": {"phase": "Pending", "qosClass": "Burstable"},
+    }
+
+
+def create_review(pod: Pod, uid: str = "7b1e0c4a-3f2d-4e5b-8a9c-0d1e2f3a4b5c") -> bytes:
+    """The CREATE review the API server sends for a ReplicaSet's pod, every field it fills, as bytes."""
+    doc = review("CREATE", pod, user=REPLICASET_CONTROLLER, uid=uid, namespace=pod["metadata"]["namespace"])
+    request = doc["request"]
+    request.update(requestKind=request["kind"], requestResource=request["resource"],
+                   options={"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions"})
+    request["userInfo"].update(uid="0a1b2c3d-4e5f-4a6b-8c7d-9e0f1a2b3c4d",
+                               groups=["system:serviceaccounts", "system:serviceaccounts:kube-system",
+                                       "system:authenticated"])
+    return json.dumps(doc).encode()

@@ -1,6 +1,6 @@
 """The install tier: a cluster of the real-cluster tier without gpushare's host processes, where the release's
 artifacts are installed as users install them (e2e.install): `./dev release --allow-dirty` of the working tree
-(tests/harness/cluster/releases.py), its OCI archive served by the tier's registry, its packaged chart given to
+(tests/harness/realtier/releases.py), its OCI archive served by the tier's registry, its packaged chart given to
 `helm install`. It runs after tests/e2e, in a pytest run of its own (`./dev e2e`), so the two never hold the node
 at once; collected and skipped as tests/e2e is.
 """
@@ -15,7 +15,7 @@ from e2e import toolchain
 from e2e.cluster import Cluster
 from e2e.settings import from_environ, requested
 from tests.e2e.conftest import kubectl, namespace, needs_extender, running_cluster  # noqa: F401  (the same fixtures)
-from tests.harness.cluster import releases as built
+from tests.harness.realtier import releases as built
 
 if not requested():
     collect_ignore_glob = ["test_*.py"]

@@ -31,7 +31,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from e2e import gpushare, install, podnet
 from e2e.cluster import Cluster
 from e2e.kube import Kubectl
-from tests.harness.cluster import workloads as w
+from tests.harness.realtier import workloads as w
 from tests.install.test_install import _ours, _ready, assert_nothing_of_ours_left
 
 FLOOD_PODS = 6

@@ -19,7 +19,7 @@ import pytest
 from e2e import gpushare, install
 from e2e.cluster import Cluster
 from e2e.kube import Kubectl
-from tests.harness.cluster import workloads as w
+from tests.harness.realtier import workloads as w
 
 pytestmark = pytest.mark.usefixtures("needs_extender")
 

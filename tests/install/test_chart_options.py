@@ -20,7 +20,7 @@ from e2e import gpushare, install
 from e2e.cluster import Cluster
 from e2e.kube import Kubectl
 from e2e.projectimage import manifest_of
-from tests.harness.cluster import workloads as w
+from tests.harness.realtier import workloads as w
 from tests.install.test_install import PODS, _ours, _ready, assert_nothing_of_ours_left
 
 pytestmark = pytest.mark.usefixtures("needs_extender")

@@ -33,7 +33,7 @@ from e2e import install
 from e2e.cluster import REPO, Cluster
 from e2e.kube import Kubectl, kubectl_path
 from tests.harness import doccommands
-from tests.harness.cluster import workloads as w
+from tests.harness.realtier import workloads as w
 from tests.install.test_install import assert_nothing_of_ours_left
 
 pytestmark = pytest.mark.usefixtures("needs_extender")

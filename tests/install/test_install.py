@@ -26,8 +26,9 @@ from e2e.cluster import Cluster
 from e2e.kube import Kubectl
 from tests.e2e.test_scenario import KUBELET_OWN
 from tests.harness import alerts
-from tests.harness.cluster import scenarios
-from tests.harness.cluster import workloads as w
+from tests.harness.realtier import scenarios
+from tests.harness.realtier import workloads as w
+from tests.harness.scenarios import BUG_REPORT, INIT, Scenario
 
 pytestmark = pytest.mark.usefixtures("needs_extender")
 
@@ -165,9 +166,9 @@ def test_a_gpu_share_pod_runs_through_the_installed_pods(installed: Cluster, kub
     print(f"\nhelm install to the first GPU-share pod running: {seconds:.1f} s", file=sys.stderr)
 
 
-@pytest.mark.parametrize("scenario", [scenarios.BUG_REPORT, scenarios.INIT], ids=["bug-report", "init"])
+@pytest.mark.parametrize("scenario", [BUG_REPORT, INIT], ids=["bug-report", "init"])
 def test_scenarios_through_the_installed_pods(installed: Cluster, kubectl: Kubectl, namespace: str,
-                                              scenario: scenarios.Scenario) -> None:
+                                              scenario: Scenario) -> None:
     out = scenarios.run(installed, kubectl, namespace, "env", scenario)
     print(f"\n{scenario.name} through the installed pods (env): {out.as_json()}", file=sys.stderr)
     assert out.wrong_gpu == [] and out.made_up == [] and out.over_committed == {} and out.stuck == [], out.as_json()

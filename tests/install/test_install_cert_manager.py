@@ -22,8 +22,9 @@ from e2e.cluster import Cluster
 from e2e.kube import Kubectl
 from e2e.projectimage import UPGRADE_SUFFIX
 from tests.e2e.test_scenario import KUBELET_OWN
-from tests.harness.cluster import scenarios
-from tests.harness.cluster import workloads as w
+from tests.harness.realtier import scenarios
+from tests.harness.realtier import workloads as w
+from tests.harness.scenarios import BUG_REPORT
 from tests.install.test_install import PART_OF, PODS, _ours, _ready, assert_nothing_of_ours_left
 
 pytestmark = pytest.mark.usefixtures("needs_extender")
@@ -69,7 +70,7 @@ def test_cert_manager_issues_and_injects_and_the_pods_are_ready(installed: Clust
 
 def test_the_bug_report_through_the_installed_pods_in_cdi(installed: Cluster, kubectl: Kubectl,
                                                           namespace: str) -> None:
-    scenario = scenarios.BUG_REPORT
+    scenario = BUG_REPORT
     out = scenarios.run(installed, kubectl, namespace, DELIVERY, scenario)
     print(f"\n{scenario.name} through the installed pods ({DELIVERY}): {out.as_json()}", file=sys.stderr)
     assert out.wrong_gpu == [] and out.made_up == [] and out.over_committed == {} and out.stuck == [], out.as_json()

@@ -32,8 +32,8 @@ from e2e.cluster import Cluster
 from e2e.kube import Kubectl
 from node.inventory import fake_gpus
 from tests.harness import alerts
-from tests.harness.cluster import dra
-from tests.harness.cluster import workloads as w
+from tests.harness.realtier import dra
+from tests.harness.realtier import workloads as w
 from tests.install.test_install import _ours, _ready, assert_nothing_of_ours_left
 
 DRIVER = "app.kubernetes.io/name=gpushare-dra-plugin"

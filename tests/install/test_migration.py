@@ -24,8 +24,9 @@ import pytest
 from e2e import gpushare, install, refinstall
 from e2e.cluster import Cluster
 from e2e.kube import Kubectl
-from tests.harness.cluster import scenarios
-from tests.harness.cluster import workloads as w
+from tests.harness.realtier import scenarios
+from tests.harness.realtier import workloads as w
+from tests.harness.scenarios import BUG_REPORT
 
 pytestmark = pytest.mark.usefixtures("needs_extender")
 
@@ -120,7 +121,7 @@ def _crashable_pod(cluster: Cluster, name: str, units: int) -> dict[str, Any]:
 
 
 def test_the_bug_report_runs_on_the_reference_stack(reference: Cluster, kubectl: Kubectl) -> None:
-    out = scenarios.run(reference, kubectl, OLD, "reference", scenarios.BUG_REPORT)
+    out = scenarios.run(reference, kubectl, OLD, "reference", BUG_REPORT)
     assert not out.failed, f"the reference stack itself misplaced pods before the migration: {out.as_json()}"
     code, text = w.create(kubectl, OLD, _crashable_pod(reference, "crashable", UNITS))
     assert code == 0, text

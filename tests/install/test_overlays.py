@@ -21,7 +21,7 @@ import yaml
 from e2e import install
 from e2e.cluster import REPO, Cluster
 from e2e.kube import Kubectl
-from tests.harness.cluster import workloads as w
+from tests.harness.realtier import workloads as w
 from tests.install.test_install import _ours, _ready, assert_nothing_of_ours_left
 
 pytestmark = pytest.mark.usefixtures("needs_extender")

@@ -1,4 +1,4 @@
-"""`./dev release --allow-dirty` of the working tree, as the install tier ran it (tests/harness/cluster/releases.py):
+"""`./dev release --allow-dirty` of the working tree, as the install tier ran it (tests/harness/realtier/releases.py):
 every artifact is there and agrees with the project's version and commit. The image and the chart the other tests
 install are these."""
 
@@ -13,7 +13,7 @@ import yaml
 from charts.version import REPO, project_version
 from release.artifacts import REF_NAME, REVISION_LABEL, VERSION_LABEL, image_config
 from release.source import read_source
-from tests.harness.cluster.releases import Releases
+from tests.harness.realtier.releases import Releases
 
 
 def test_every_artifact_is_in_sha256sums_and_checks(releases: Releases) -> None:

@@ -19,8 +19,8 @@ import pytest
 from e2e import gpushare, install
 from e2e.cluster import REPO, Cluster
 from e2e.kube import Kubectl
-from tests.harness.cluster import scenarios
-from tests.harness.cluster import workloads as w
+from tests.harness.realtier import scenarios
+from tests.harness.realtier import workloads as w
 
 pytestmark = pytest.mark.usefixtures("needs_extender")
 

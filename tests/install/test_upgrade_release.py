@@ -1,5 +1,5 @@
 """`helm upgrade` from the previous release to this one, both from their artifacts: the previous tag's chart and
-image (built in a git worktree of the tag, tests/harness/cluster/releases.py) installed with a pod running, then the
+image (built in a git worktree of the tag, tests/harness/realtier/releases.py) installed with a pod running, then the
 current release's packaged chart and image. The running pod is untouched, the plugin's pod is replaced and registers
 again, every pod of ours runs the current image, and a new pod lands on its recorded GPU.
 
@@ -17,9 +17,9 @@ import pytest
 from e2e import install
 from e2e.cluster import Cluster
 from e2e.kube import Kubectl
-from tests.harness.cluster import scenarios
-from tests.harness.cluster import workloads as w
-from tests.harness.cluster.releases import Release, Releases
+from tests.harness.realtier import scenarios
+from tests.harness.realtier import workloads as w
+from tests.harness.realtier.releases import Release, Releases
 from tests.install.test_install import PODS, _ours
 from tests.install.test_install_cert_manager import Loop, _check_loop_pods
 from tests.install.test_upgrade_names import _running_on_recorded_gpu, assert_kept_and_placing

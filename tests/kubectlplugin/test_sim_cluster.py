@@ -14,8 +14,9 @@ import pytest
 
 from contract import ASSIGNED, IDX, POD
 from contract.keys import GPU_COUNT
-from tests.harness.sim.cluster import Cluster, ClusterSpec
-from tests.harness.sim.scenario import PodShape, wait_settled
+from tests.harness.scenarios import PodShape
+from tests.harness.sim.cluster import ClusterSpec, SimCluster
+from tests.harness.sim.scenario import wait_settled
 from tests.harness.webhook.server import webhook_server
 from tests.kubectlplugin.test_cli import EXECUTABLE
 
@@ -28,7 +29,7 @@ SHAPES = [PodShape((3,)), PodShape((2, 1)), PodShape((6,), (4,)), PodShape((1,))
           PodShape((0,))]
 
 
-def run_scenario(cluster: Cluster, bypass: bool) -> list[dict[str, Any]]:
+def run_scenario(cluster: SimCluster, bypass: bool) -> list[dict[str, Any]]:
     """Pods of several shapes on 2 nodes x 2 GPUs of 8 GiB, one too large for any GPU, and (with the webhook) one
     bound by its creator past the extender, which the plugin refuses; returns the pods once settled."""
     cluster.api.add_namespace(NAMESPACE)
@@ -60,7 +61,7 @@ def expected_gpus(pods: list[dict[str, Any]]) -> dict[tuple[str, int], tuple[int
     return out
 
 
-def show(cluster: Cluster, directory: Path, *args: str) -> str:
+def show(cluster: SimCluster, directory: Path, *args: str) -> str:
     kubeconfig = cluster.api.write_kubeconfig(directory / "admin.kubeconfig")
     done = subprocess.run([str(EXECUTABLE), "--kubeconfig", str(kubeconfig), *args], capture_output=True, text=True,
                           timeout=60, check=False, env={"HOME": str(directory)})
@@ -68,7 +69,7 @@ def show(cluster: Cluster, directory: Path, *args: str) -> str:
     return done.stdout
 
 
-def check(cluster: Cluster, pods: list[dict[str, Any]], directory: Path) -> dict[str, Any]:
+def check(cluster: SimCluster, pods: list[dict[str, Any]], directory: Path) -> dict[str, Any]:
     doc: dict[str, Any] = json.loads(show(cluster, directory, "-o", "json"))
     shown = {(n["name"], g["index"]): (g["promised"], g["allocated"], sorted(p["name"] for p in g["pods"]))
              for n in doc["nodes"] for g in n["gpus"]}
@@ -91,7 +92,7 @@ def hook(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
 
 def test_with_the_gpushare_webhook_and_plugin(hook: Any, tmp_path: Path) -> None:
-    with Cluster(ClusterSpec(nodes=2, gpus="2x8GiB", seed=3), hook) as cluster:
+    with SimCluster(ClusterSpec(nodes=2, gpus="2x8GiB", seed=3), hook) as cluster:
         pods = run_scenario(cluster, bypass=True)
         doc = check(cluster, pods, tmp_path)
     pending = {p["name"]: (p["state"], p["units"]) for p in doc["pending"]}
@@ -106,7 +107,7 @@ def test_with_the_gpushare_webhook_and_plugin(hook: Any, tmp_path: Path) -> None
 
 
 def test_beside_the_reference_algorithm(tmp_path: Path) -> None:
-    with Cluster(ClusterSpec(nodes=2, gpus="2x8GiB", plugin="baseline", seed=3)) as cluster:
+    with SimCluster(ClusterSpec(nodes=2, gpus="2x8GiB", plugin="baseline", seed=3)) as cluster:
         # The reference plugin publishes its GPU count (pkg/gpu/nvidia/const.go, CountName); the baseline does not.
         for node in ("node-0", "node-1"):
             cluster.admin.patch("nodes", node, {"status": {"capacity": {GPU_COUNT: "2"}}}, subresource="status")

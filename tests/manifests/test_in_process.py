@@ -28,7 +28,7 @@ from tests.harness.manifests.admission_paths import (
     SELF,
     WEBHOOK,
     Admitted,
-    Cluster,
+    RenderedAdmission,
     comparable,
     of_kind,
     rendered,
@@ -120,16 +120,16 @@ def hooks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Runnin
 
 
 @pytest.fixture(scope="module")
-def clusters(hooks: dict[str, RunningWebhook]) -> Iterator[Callable[..., Cluster]]:
+def clusters(hooks: dict[str, RunningWebhook]) -> Iterator[Callable[..., RenderedAdmission]]:
     """A cluster of a path and a delivery, the webhook up or down (its Service routed to a port nobody serves)."""
-    made: dict[tuple[str, str, bool], Cluster] = {}
+    made: dict[tuple[str, str, bool], RenderedAdmission] = {}
 
-    def of(path: str, delivery: str, *, up: bool = True) -> Cluster:
+    def of(path: str, delivery: str, *, up: bool = True) -> RenderedAdmission:
         key = (path, delivery, up)
         if key not in made:
             hook = hooks[delivery]
             url = hook.url if up else f"https://127.0.0.1:{free_port()}"
-            made[key] = Cluster(rendered(path, (f"config.delivery={delivery}",)), url, hook.ca_pem)
+            made[key] = RenderedAdmission(rendered(path, (f"config.delivery={delivery}",)), url, hook.ca_pem)
         return made[key]
 
     yield of
@@ -137,7 +137,7 @@ def clusters(hooks: dict[str, RunningWebhook]) -> Iterator[Callable[..., Cluster
         cluster.stop()
 
 
-def through(cluster: Cluster, place: str, ctr: Obj, namespace: str) -> Admitted:
+def through(cluster: RenderedAdmission, place: str, ctr: Obj, namespace: str) -> Admitted:
     """The pod of `place` created, and where the container is ephemeral, the update that adds it."""
     created, added = placed(place, ctr)
     result = cluster.create(created, namespace, CREATOR)
@@ -157,7 +157,7 @@ def the_container(p: Pod, place: str) -> Obj:
 @pytest.mark.parametrize(("case", "place", "namespace", "delivery"), ROWS,
                          ids=[f"{c.name}-{p}-{n}-{d}" for c, p, n, d in ROWS])
 def test_the_in_process_path_leaves_every_pod_as_the_webhook_path(
-    case: Case, place: str, namespace: str, delivery: str, clusters: Callable[..., Cluster],
+    case: Case, place: str, namespace: str, delivery: str, clusters: Callable[..., RenderedAdmission],
 ) -> None:
     webhook = through(clusters(WEBHOOK, delivery), place, case.container, namespace)
     in_process = through(clusters(IN_PROCESS, delivery), place, case.container, namespace)
@@ -181,7 +181,7 @@ SHARE = pod(container("train", 2), _plain("web"))
 
 @pytest.mark.parametrize("namespace", [TENANT, TRUSTED])
 def test_while_the_webhook_is_down_in_process_neutralises_ordinary_pods_and_refuses_gpu_share_pods(
-    namespace: str, clusters: Callable[..., Cluster],
+    namespace: str, clusters: Callable[..., RenderedAdmission],
 ) -> None:
     up = clusters(IN_PROCESS, "env").create(PLAIN, namespace, CREATOR)
     down = clusters(IN_PROCESS, "env", up=False).create(PLAIN, namespace, CREATOR)
@@ -194,7 +194,7 @@ def test_while_the_webhook_is_down_in_process_neutralises_ordinary_pods_and_refu
 
 
 def test_while_the_webhook_is_down_the_webhook_path_creates_ordinary_pods_unneutralised(
-    clusters: Callable[..., Cluster],
+    clusters: Callable[..., RenderedAdmission],
 ) -> None:
     """What the in-process path closes: the fail-open entries skipped, and the CUDA_VERSION container refused by the
     policy alone (an image's own CUDA_VERSION, which admission cannot see, would give it every GPU)."""
@@ -238,6 +238,6 @@ def test_the_kustomize_component_removes_the_entries_by_name() -> None:
 
 
 @pytest.mark.parametrize("path", PATHS)
-def test_gpushare_system_is_left_alone_on_both_paths(path: str, clusters: Callable[..., Cluster]) -> None:
+def test_gpushare_system_is_left_alone_on_both_paths(path: str, clusters: Callable[..., RenderedAdmission]) -> None:
     result = clusters(path, "env").create(PLAIN, SELF, CREATOR)
     assert result.refusal is None and comparable(result.pod)["spec"] == PLAIN["spec"]

@@ -29,7 +29,7 @@ from tests.harness.apiserver.resources import PODS
 from tests.harness.apiserver.server import ApiServer
 from tests.harness.apiserver.status import ApiError
 from tests.harness.manifests import helm
-from tests.harness.manifests.admission_paths import IN_PROCESS, Cluster
+from tests.harness.manifests.admission_paths import IN_PROCESS, RenderedAdmission
 from tests.harness.manifests.admission_paths import rendered as rendered_on
 from tests.harness.pods import Pod, annotate, container, pod
 from tests.harness.webhook.server import RunningWebhook, webhook_server
@@ -209,14 +209,14 @@ def chain(hook: RunningWebhook) -> Iterator[Callable[[Setting], ApiServer]]:
 
 
 @pytest.fixture(scope="module")
-def in_process(hook: RunningWebhook) -> Iterator[Callable[[Setting], Cluster]]:
+def in_process(hook: RunningWebhook) -> Iterator[Callable[[Setting], RenderedAdmission]]:
     """The chart of a setting on a cluster that serves MutatingAdmissionPolicy v1, its webhook entries routed to the
     running webhook."""
-    clusters: dict[Setting, Cluster] = {}
+    clusters: dict[Setting, RenderedAdmission] = {}
 
-    def of(setting: Setting) -> Cluster:
+    def of(setting: Setting) -> RenderedAdmission:
         if setting not in clusters:
-            clusters[setting] = Cluster(rendered_on(IN_PROCESS, setting.sets, setting.set_json), hook.url,
+            clusters[setting] = RenderedAdmission(rendered_on(IN_PROCESS, setting.sets, setting.set_json), hook.url,
                                         hook.ca_pem)
         return clusters[setting]
 
@@ -289,7 +289,9 @@ def test_the_webhook_and_the_policy_give_one_verdict(row: Row, chain: Callable[[
 
 
 @pytest.mark.parametrize("row", ROWS, ids=[r.case for r in ROWS])
-def test_in_process_the_policies_give_the_rows_outcome(row: Row, in_process: Callable[[Setting], Cluster]) -> None:
+def test_in_process_the_policies_give_the_rows_outcome(
+    row: Row, in_process: Callable[[Setting], RenderedAdmission]
+) -> None:
     sent = in_namespace(row.pod, row.namespace)
     result = in_process(row.setting).create(row.pod, row.namespace, CREATOR)
     assert webhook_outcome(sent, result.pod, result.refusal) is row.outcome, result.refusal

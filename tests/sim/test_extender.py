@@ -12,8 +12,8 @@ import pytest
 from contract import IDX, POD
 from node.inventory import fake_gpus
 from tests.harness.apiserver.ports import MemoryStore, Pod
+from tests.harness.scenarios import PodShape
 from tests.harness.sim.extender import EXTENDER_USER, Extender, Placement, SimNode, node_room, used_units
-from tests.harness.sim.scenario import PodShape
 
 pytestmark = pytest.mark.timeout(30)
 NODE = SimNode("node-0", tuple(fake_gpus("2x8GiB", "node-0", "GiB")))

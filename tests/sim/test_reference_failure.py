@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness.sim.cluster import Cluster
-from tests.harness.sim.scenario import Result, reference_cluster, reference_scenario, run_scenario
+from tests.harness.scenarios import reference_scenario
+from tests.harness.sim.cluster import SimCluster
+from tests.harness.sim.scenario import Result, reference_cluster, run_scenario
 from tests.harness.webhook.server import RunningWebhook, webhook_server
 
 pytestmark = pytest.mark.timeout(180)
@@ -35,7 +36,7 @@ def hook(request: pytest.FixtureRequest) -> Iterator[RunningWebhook]:
 
 
 def run_reference(plugin: str, delivery: str, seed: int, hook: RunningWebhook | None) -> Result:
-    with Cluster(reference_cluster(plugin, delivery, seed), hook) as cluster:
+    with SimCluster(reference_cluster(plugin, delivery, seed), hook) as cluster:
         return run_scenario(cluster, reference_scenario(seed))
 
 

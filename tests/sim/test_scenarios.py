@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness.sim.cluster import Cluster, ClusterSpec
-from tests.harness.sim.scenario import PodShape, Result, Scenario, random_scenario, run_scenario
+from tests.harness.scenarios import PodShape, Scenario, random_scenario
+from tests.harness.sim.cluster import ClusterSpec, SimCluster
+from tests.harness.sim.scenario import Result, run_scenario
 from tests.harness.webhook.server import RunningWebhook, webhook_server
 
 SCENARIOS = int(os.environ.get("GPUSHARE_SIM_SCENARIOS", "100"))
@@ -29,9 +30,9 @@ class Clusters:
     def __init__(self, stack: ExitStack) -> None:
         self.stack = stack
         self.hooks: dict[tuple[str, str], RunningWebhook] = {}
-        self.clusters: dict[tuple[str, int, str, str], Cluster] = {}
+        self.clusters: dict[tuple[str, int, str, str], SimCluster] = {}
 
-    def get(self, delivery: str, nodes: int, gpus: str, placement: str = "extender") -> Cluster:
+    def get(self, delivery: str, nodes: int, gpus: str, placement: str = "extender") -> SimCluster:
         if (delivery, placement) not in self.hooks:  # the webhook reads both cluster-wide settings
             directory = Path(self.stack.enter_context(tempfile.TemporaryDirectory(prefix="gs-hook-")))
             self.hooks[(delivery, placement)] = self.stack.enter_context(
@@ -39,14 +40,14 @@ class Clusters:
         key = (delivery, nodes, gpus, placement)
         if key not in self.clusters:
             spec = ClusterSpec(nodes=nodes, gpus=gpus, delivery=delivery, seed=nodes, placement=placement)
-            cluster = Cluster(spec, self.hooks[(delivery, placement)])
+            cluster = SimCluster(spec, self.hooks[(delivery, placement)])
             cluster.start()
             self.clusters[key] = cluster
         return self.clusters[key]
 
     def close(self) -> None:
         with futures.ThreadPoolExecutor(max_workers=max(1, len(self.clusters))) as pool:
-            list(pool.map(Cluster.close, self.clusters.values()))
+            list(pool.map(SimCluster.close, self.clusters.values()))
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +95,7 @@ def test_node_local_placement_holds_every_invariant(clusters: Clusters, seed: in
 
 
 def _shapes(scenarios: list[Scenario]) -> list[PodShape]:
-    return [s for sc in scenarios for s in (*sc.pods, *([sc.group[0]] if sc.group else []))]
+    return [s for sc in scenarios for s in (*sc.pods, *(g.shape for g in sc.groups))]
 
 
 def test_the_seeds_cover_every_shape() -> None:
@@ -106,7 +107,7 @@ def test_the_seeds_cover_every_shape() -> None:
     assert any(0 in s.containers for s in shapes), "containers without GPU memory"
     assert any(sc.restarts for sc in scenarios), "kubelet restarts"
     assert any(sc.delete for sc in scenarios), "deletions"
-    assert any(sc.group for sc in scenarios), "ReplicaSet groups"
+    assert any(sc.groups for sc in scenarios), "ReplicaSet groups"
     # Under the extender every pod is bookable (the app containers' sum is its whole request) ...
     assert all(max((*s.init, 0)) <= sum(s.containers) and not (s.sidecar and s.init[0]) for s in shapes)
     # ... and node placement, which books the whole pod, has the others: larger init containers, GPU sidecars.

@@ -8,8 +8,8 @@ import pytest
 
 from node.inventory import fake_gpus
 from tests.harness.apiserver.ports import Pod
+from tests.harness.judge import Observation, check, summarize
 from tests.harness.kubelet.runtime import ContainerRun
-from tests.harness.sim.invariants import Observation, check, summarize
 
 GPUS = {"n": fake_gpus("2x8GiB", "n", "GiB")}
 

@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 import copy
-import threading
+import queue
 import time
 import uuid
 from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from tests.harness.apiserver.patching import strategic_merge
+from tests.harness.apiserver.patching import merge_patch, strategic_merge
 from tests.harness.apiserver.status import ApiError
+from tests.harness.apiserver.store import Store
 
 Pod = dict[str, Any]
 __all__ = ["ApiError", "MemoryStore", "Pod", "PodApi"]
+PODS = "pods"  # the store's key, and the resource its errors name
 
 
 class PodApi(Protocol):
@@ -55,19 +57,6 @@ def now_rfc3339() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def merge_patch(target: Any, patch: Any) -> Any:
-    """RFC 7386 JSON merge patch (what `application/merge-patch+json` does)."""
-    if not isinstance(patch, Mapping):
-        return copy.deepcopy(patch)
-    out = dict(target) if isinstance(target, Mapping) else {}
-    for key, value in patch.items():
-        if value is None:
-            out.pop(key, None)
-        else:
-            out[key] = merge_patch(out.get(key), value)
-    return out
-
-
 def selector_matches(labels: Mapping[str, str], selector: str | None) -> bool:
     """Equality-based label selectors (`a=b,c=d`), which is all the actors use."""
     if not selector:
@@ -80,33 +69,26 @@ def selector_matches(labels: Mapping[str, str], selector: str | None) -> bool:
 
 
 class MemoryStore:
-    """Pods in memory with resourceVersions and a replayable event log; no admission chain.
-
-    Used by the actors' own unit tests, where the HTTPS test API server would only slow them down.
+    """Pods in the harness's versioned store (tests/harness/apiserver/store.py), watched from any resourceVersion; no
+    admission chain. Used by the actors' own unit tests, where the HTTPS test API server would only slow them down.
     """
 
     def __init__(self) -> None:
-        self._lock = threading.Condition()
-        self._rv = 0
-        self._pods: dict[tuple[str, str], Pod] = {}
-        self._log: list[tuple[int, str, Pod]] = []
+        self.store = Store()
         self.events: list[dict[str, Any]] = []
 
     def client(self, user: str) -> MemoryClient:
         return MemoryClient(self, user)
 
-    def _emit(self, kind: str, pod: Pod) -> Pod:
-        self._rv += 1
-        pod["metadata"]["resourceVersion"] = str(self._rv)
-        self._log.append((self._rv, kind, copy.deepcopy(pod)))
-        self._lock.notify_all()
-        return copy.deepcopy(pod)
-
-    def _get(self, namespace: str, name: str) -> Pod:
-        pod = self._pods.get((namespace, name))
+    def current(self, namespace: str, name: str) -> Pod:
+        pod = self.store.get(PODS, namespace, name)
         if pod is None:
             raise ApiError(404, f'pods "{name}" not found in namespace {namespace}')
         return pod
+
+    def write(self, pod: Pod) -> Pod:
+        """Store a changed pod read under `store.lock`: a new resourceVersion and a MODIFIED event."""
+        return self.store.replace(PODS, pod, pod["metadata"]["resourceVersion"], PODS)
 
 
 def _visible(pod: Pod, node: str | None, selector: str | None) -> bool:
@@ -118,8 +100,9 @@ def _visible(pod: Pod, node: str | None, selector: str | None) -> bool:
 class MemoryClient:
     """One identity's view of a MemoryStore; implements PodApi."""
 
-    def __init__(self, store: MemoryStore, user: str) -> None:
-        self._store = store
+    def __init__(self, memory: MemoryStore, user: str) -> None:
+        self._memory = memory
+        self._store = memory.store
         self._user = user
 
     @property
@@ -127,54 +110,48 @@ class MemoryClient:
         return self._user
 
     def list_pods(self, *, node: str | None = None, label_selector: str | None = None) -> tuple[list[Pod], str]:
-        with self._store._lock:
-            pods = [copy.deepcopy(p) for p in self._store._pods.values() if _visible(p, node, label_selector)]
-            return pods, str(self._store._rv)
+        pods, rv = self._store.list(PODS, predicate=lambda p: _visible(p, node, label_selector))
+        return pods, str(rv)
 
     def watch_pods(
         self, resource_version: str, *, node: str | None = None, label_selector: str | None = None,
         timeout_s: float = 1.0,
     ) -> Iterator[tuple[str, Pod]]:
-        since = int(resource_version or "0")
+        # Every change after the version, filtered here rather than by the store, so that a pod leaving the
+        # selection arrives as it is (MODIFIED) rather than as DELETED.
+        watcher = self._store.watch(PODS, None, int(resource_version or "0"), lambda _: True)
         deadline = time.monotonic() + timeout_s
-        while True:
-            with self._store._lock:
-                batch = [(rv, k, copy.deepcopy(p)) for rv, k, p in self._store._log if rv > since]
-                if not batch:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        return
-                    self._store._lock.wait(left)
-                    continue
-            for rv, kind, pod in batch:
-                since = rv
-                if _visible(pod, node, label_selector):
-                    yield kind, pod
+        try:
+            while (left := deadline - time.monotonic()) > 0:
+                try:
+                    event = watcher.events.get(timeout=left)
+                except queue.Empty:
+                    return
+                if event is None:
+                    return
+                if _visible(event.obj, node, label_selector):
+                    yield event.type, event.obj
+        finally:
+            self._store.unwatch(watcher)
 
     def get_pod(self, namespace: str, name: str) -> Pod | None:
-        with self._store._lock:
-            pod = self._store._pods.get((namespace, name))
-            return copy.deepcopy(pod) if pod is not None else None
+        return self._store.get(PODS, namespace, name)
 
     def create_pod(self, namespace: str, pod: Pod) -> Pod:
-        with self._store._lock:
-            body = copy.deepcopy(pod)
-            meta = body.setdefault("metadata", {})
-            if not meta.get("name"):
-                meta["name"] = str(meta.get("generateName") or "pod-") + uuid.uuid4().hex[:5]
-            if (namespace, meta["name"]) in self._store._pods:
-                raise ApiError(409, f'pods "{meta["name"]}" already exists')
-            meta.update(namespace=namespace, uid=str(uuid.uuid4()), creationTimestamp=now_rfc3339())
-            body.setdefault("status", {"phase": "Pending"})
-            self._store._pods[(namespace, meta["name"])] = body
-            return self._store._emit("ADDED", body)
+        body = copy.deepcopy(pod)
+        meta = body.setdefault("metadata", {})
+        if not meta.get("name"):
+            meta["name"] = str(meta.get("generateName") or "pod-") + uuid.uuid4().hex[:5]
+        meta.update(namespace=namespace, uid=str(uuid.uuid4()), creationTimestamp=now_rfc3339())
+        body.setdefault("status", {"phase": "Pending"})
+        return self._store.create(PODS, body, PODS)
 
     def _patch(self, namespace: str, name: str, patch: Mapping[str, Any], strategic: bool = False) -> Pod:
-        with self._store._lock:
-            pod = self._store._get(namespace, name)
-            merged = strategic_merge(pod, dict(patch)) if strategic else merge_patch(pod, patch)
-            self._store._pods[(namespace, name)] = merged
-            return self._store._emit("MODIFIED", merged)
+        with self._store.lock:
+            pod = self._memory.current(namespace, name)
+            merged = strategic_merge(pod, dict(patch)) if strategic else merge_patch(pod, dict(patch))
+            merged["metadata"]["resourceVersion"] = pod["metadata"]["resourceVersion"]
+            return self._memory.write(merged)
 
     def patch_pod(self, namespace: str, name: str, merge_patch: Mapping[str, Any], *, strategic: bool = False) -> Pod:
         return self._patch(namespace, name, {k: v for k, v in merge_patch.items() if k != "status"}, strategic)
@@ -183,25 +160,24 @@ class MemoryClient:
         return self._patch(namespace, name, {"status": merge_patch.get("status") or {}})
 
     def bind(self, namespace: str, name: str, node: str) -> None:
-        with self._store._lock:
-            pod = self._store._get(namespace, name)
+        with self._store.lock:
+            pod = self._memory.current(namespace, name)
             if pod["spec"].get("nodeName"):
                 raise ApiError(409, f"pod {name} is already assigned to node {pod['spec']['nodeName']}")
             pod["spec"]["nodeName"] = node
-            self._store._emit("MODIFIED", pod)
+            self._memory.write(pod)
 
     def delete_pod(self, namespace: str, name: str, grace_seconds: int | None = None) -> None:
-        with self._store._lock:
-            pod = self._store._get(namespace, name)
+        with self._store.lock:
+            pod = self._memory.current(namespace, name)
             bound = bool(pod["spec"].get("nodeName"))
             if grace_seconds == 0 or not bound or pod["status"].get("phase") in ("Succeeded", "Failed"):
-                del self._store._pods[(namespace, name)]
-                self._store._emit("DELETED", pod)
+                self._store.remove(PODS, namespace, name, None, PODS)
             elif not pod["metadata"].get("deletionTimestamp"):
                 pod["metadata"]["deletionTimestamp"] = now_rfc3339()
                 pod["metadata"]["deletionGracePeriodSeconds"] = 30 if grace_seconds is None else grace_seconds
-                self._store._emit("MODIFIED", pod)
+                self._memory.write(pod)
 
     def create_event(self, namespace: str, event: Mapping[str, Any]) -> None:
-        with self._store._lock:
-            self._store.events.append({"namespace": namespace, **event})
+        with self._store.lock:
+            self._memory.events.append({"namespace": namespace, **event})

@@ -1,4 +1,6 @@
-"""The test API server's storage: versioned objects per resource, and watch streams with replay."""
+"""The one versioned store of every API-server double: objects per resource under one monotonic resourceVersion,
+409 Conflict on a stale one, and watch streams with replay (the test API server, MemoryStore, the device plugin's
+and the DRA driver's fakes all keep their objects here)."""
 
 from __future__ import annotations
 
@@ -6,7 +8,7 @@ import collections
 import copy
 import queue
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,29 +90,60 @@ def _meta(obj: Obj) -> Obj:
     return meta
 
 
+class Named(MutableMapping[str, Obj]):
+    """One resource's cluster-scoped objects by name, as they are stored: a test plants or drops one directly, as an
+    edit of etcd would (no new resourceVersion, no watch event)."""
+
+    def __init__(self, objects: dict[tuple[str, str], Obj], lock: threading.RLock) -> None:
+        self._objects = objects
+        self._lock = lock
+
+    def __getitem__(self, name: str) -> Obj:
+        return self._objects[("", name)]
+
+    def __setitem__(self, name: str, obj: Obj) -> None:
+        with self._lock:
+            self._objects[("", name)] = obj
+
+    def __delitem__(self, name: str) -> None:
+        with self._lock:
+            del self._objects[("", name)]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter([name for _, name in list(self._objects)])
+
+    def __len__(self) -> int:
+        return len(self._objects)
+
+
 class Store:
     """Objects keyed by (resource key, namespace, name); every write bumps one global resourceVersion."""
 
     def __init__(self, history: int = HISTORY) -> None:
-        self._lock = threading.RLock()
+        # Held by every call; a double holds it too around a read-modify-write (a patch), which then never conflicts.
+        self.lock = threading.RLock()
         self._rv = 0
         self._objects: dict[str, dict[tuple[str, str], Obj]] = collections.defaultdict(dict)
         self._log: collections.deque[Change] = collections.deque(maxlen=history)
         self._watchers: list[Watcher] = []
 
+    def named(self, key: str) -> Named:
+        """The cluster-scoped objects of `key` by name, to plant or drop as they are."""
+        return Named(self._objects[key], self.lock)
+
     @property
     def resource_version(self) -> int:
-        with self._lock:
+        with self.lock:
             return self._rv
 
     def get(self, key: str, namespace: str, name: str) -> Obj | None:
-        with self._lock:
+        with self.lock:
             obj = self._objects[key].get((namespace, name))
             return copy.deepcopy(obj) if obj is not None else None
 
     def list(self, key: str, namespace: str | None = None, predicate: Predicate | None = None) -> tuple[list[Obj], int]:
         """Matching objects sorted by namespace and name, and the resourceVersion they were read at."""
-        with self._lock:
+        with self.lock:
             items = [
                 copy.deepcopy(obj)
                 for (ns, _), obj in sorted(self._objects[key].items())
@@ -127,37 +160,36 @@ class Store:
     def create(self, key: str, obj: Obj, resource: str, group: str = "") -> Obj:
         meta = _meta(obj)
         namespace, name = str(meta.get("namespace") or ""), str(meta["name"])
-        with self._lock:
+        with self.lock:
             if (namespace, name) in self._objects[key]:
                 raise already_exists(resource, name, group)
-            self._rv += 1
-            meta["resourceVersion"] = str(self._rv)
-            stored = copy.deepcopy(obj)
-            self._objects[key][(namespace, name)] = stored
-            self._record("ADDED", key, namespace, stored, None)
-            return copy.deepcopy(stored)
+            return self._write("ADDED", key, (namespace, name), obj, None)
 
     def replace(self, key: str, obj: Obj, expect_rv: str, resource: str, group: str = "") -> Obj:
         """Compare-and-swap: `expect_rv` must be the stored resourceVersion, else 409 Conflict."""
         meta = _meta(obj)
         namespace, name = str(meta.get("namespace") or ""), str(meta["name"])
-        with self._lock:
+        with self.lock:
             current = self._objects[key].get((namespace, name))
             if current is None:
                 raise not_found(resource, name, group)
             if current["metadata"]["resourceVersion"] != expect_rv:
                 raise stale(resource, name, group)
-            self._rv += 1
-            meta["resourceVersion"] = str(self._rv)
-            stored = copy.deepcopy(obj)
-            self._objects[key][(namespace, name)] = stored
-            self._record("MODIFIED", key, namespace, stored, current)
-            return copy.deepcopy(stored)
+            return self._write("MODIFIED", key, (namespace, name), obj, current)
+
+    def _write(self, type_: str, key: str, where: tuple[str, str], obj: Obj, old: Obj | None) -> Obj:
+        """Store `obj` under the next resourceVersion (written into it too) and tell the watchers."""
+        self._rv += 1
+        _meta(obj)["resourceVersion"] = str(self._rv)
+        stored = copy.deepcopy(obj)
+        self._objects[key][where] = stored
+        self._record(type_, key, where[0], stored, old)
+        return copy.deepcopy(stored)
 
     def remove(self, key: str, namespace: str, name: str, expect_rv: str | None, *args: str) -> Obj:
         """`args` is (resource plural[, group]) for the error messages."""
         resource, group = args[0], (args[1] if len(args) > 1 else "")
-        with self._lock:
+        with self.lock:
             current = self._objects[key].get((namespace, name))
             if current is None:
                 raise not_found(resource, name, group)
@@ -173,7 +205,7 @@ class Store:
     def watch(self, key: str, namespace: str | None, since: int | None, predicate: Predicate) -> Watcher:
         """A watcher that first gets the state (since=None) or the changes after `since`, then live changes."""
         watcher = Watcher(key, namespace, predicate)
-        with self._lock:
+        with self.lock:
             if since is None:
                 for (ns, _), obj in sorted(self._objects[key].items()):
                     if (not namespace or ns == namespace) and predicate(obj):
@@ -191,17 +223,17 @@ class Store:
     @property
     def watch_count(self) -> int:
         """Open watch streams (tests use it to check streams are released)."""
-        with self._lock:
+        with self.lock:
             return len(self._watchers)
 
     def unwatch(self, watcher: Watcher) -> None:
-        with self._lock:
+        with self.lock:
             if watcher in self._watchers:
                 self._watchers.remove(watcher)
         watcher.close()
 
     def close_all_watches(self) -> None:
-        with self._lock:
+        with self.lock:
             watchers, self._watchers = self._watchers, []
         for watcher in watchers:
             watcher.close()

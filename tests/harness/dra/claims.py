@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from contract.dra import MEMORY
 from contract.keys import DRA_DRIVER
 from dra.claims import ClaimRef
 from node.inventory import Gpu
@@ -19,7 +20,7 @@ def result(device: str = "gpu-0", memory: str | None = "4Gi", request: str = "gp
            driver: str = DRA_DRIVER, share_id: str = "share-1") -> dict[str, Any]:
     out: dict[str, Any] = {"request": request, "driver": driver, "pool": pool, "device": device, "shareID": share_id}
     if memory is not None:
-        out["consumedCapacity"] = {"memory": memory}
+        out["consumedCapacity"] = {MEMORY: memory}
     return out
 
 

@@ -12,11 +12,14 @@ from typing import Any
 from contract.keys import DRA_DRIVER
 from dra.slice import without_consumable_capacity
 from node.apiclient import ApiServerError, Conflict, KubeClient
+from tests.harness.apiserver.status import ApiError
+from tests.harness.apiserver.store import Store
 from tests.harness.dra.claims import NODE
 
 # k8s.io/apiserver pkg/storage/names/generate.go: the first 58 characters of generateName and five random ones (here
 # counted, so that tests read the same names each run).
 _GENERATED_BASE = 58
+SLICES, GROUP = "resourceslices", "resource.k8s.io"  # the store's key, and what its errors name
 
 
 class FakeClaims:
@@ -47,7 +50,8 @@ class FakeDraApi(FakeClaims):
 
     def __init__(self, *claims: dict[str, Any]) -> None:
         super().__init__(*claims)
-        self.slices: dict[str, dict[str, Any]] = {}
+        self._store = Store()
+        self.slices = self._store.named(SLICES)
         self.slice_writes = 0
         self.slice_failure: Exception | None = None
         self.refused: dict[str, ApiServerError] = {}
@@ -56,7 +60,6 @@ class FakeDraApi(FakeClaims):
         self.node_reads = 0
         self.events: list[dict[str, Any]] = []
         self.event_failure: Exception | None = None
-        self._versions = 0
         self._suffixes = itertools.count()
 
     def by_device(self) -> dict[str, dict[str, Any]]:
@@ -82,16 +85,19 @@ class FakeDraApi(FakeClaims):
         name = str(metadata["name"])
         stored = self.slices.get(name)
         version = metadata.get("resourceVersion")
-        if (stored is None) != (version is None) or (stored and stored["metadata"]["resourceVersion"] != version):
-            raise Conflict(f"could not write ResourceSlice {name}: it changed meanwhile (409 Conflict)")
-        self._versions += 1
-        self.slice_writes += 1
         spec = copy.deepcopy(dict(body["spec"]))
         if not self.consumable_capacity and not (stored and _uses_consumable_capacity(stored)):
             spec["devices"] = [without_consumable_capacity(d) for d in spec["devices"]]
-        self.slices[name] = {**copy.deepcopy(dict(body)), "spec": spec,
-                             "metadata": {**metadata, "resourceVersion": str(self._versions)}}
-        return copy.deepcopy(self.slices[name])
+        new = {**copy.deepcopy(dict(body)), "spec": spec, "metadata": metadata}
+        try:
+            if version is None:
+                written = self._store.create(SLICES, new, SLICES, GROUP)
+            else:
+                written = self._store.replace(SLICES, new, str(version), SLICES, GROUP)
+        except ApiError as exc:
+            raise Conflict(f"could not write ResourceSlice {name}: it changed meanwhile (409 Conflict)") from exc
+        self.slice_writes += 1
+        return written
 
     def node_uid(self, node: str) -> str | None:
         self.node_reads += 1
@@ -102,8 +108,9 @@ class FakeDraApi(FakeClaims):
     def delete_node(self, node: str) -> None:
         """The Node deleted, and its dependents with it (the garbage collector, by owner UID)."""
         uid = self.nodes.pop(node)
-        self.slices = {name: s for name, s in self.slices.items()
-                       if all(o.get("uid") != uid for o in s["metadata"].get("ownerReferences") or [])}
+        for name in [name for name, s in self.slices.items()
+                     if any(o.get("uid") == uid for o in s["metadata"].get("ownerReferences") or [])]:
+            del self.slices[name]
 
     def record_event(self, body: Mapping[str, Any]) -> None:
         if self.event_failure is not None:

@@ -15,7 +15,7 @@ import random
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar, cast
 
 import grpc
 
@@ -28,6 +28,7 @@ from tests.harness.kubelet.wire import PluginConn, PodResourcesServer, Registere
 RESOURCE = DEFAULT_RESOURCE
 CALL_TIMEOUT_S = 20
 PRE_START_TIMEOUT_S = 30  # the kubelet's PreStartContainer timeout
+T = TypeVar("T")
 
 
 @dataclass
@@ -44,6 +45,20 @@ class Admitted:
 @dataclass
 class _Counts:
     preferred_calls: int = 0
+
+
+class _PodResources(Generic[T]):
+    """An attribute of the kubelet's PodResources server, read and set through the kubelet."""
+
+    def __init__(self, name: str, copy: Callable[[T], T] = lambda value: value) -> None:
+        self.name = name
+        self.copy = copy
+
+    def __get__(self, kubelet: TestKubelet, owner: type | None = None) -> T:
+        return cast(T, getattr(kubelet.pod_resources, self.name))
+
+    def __set__(self, kubelet: TestKubelet, value: T) -> None:
+        setattr(kubelet.pod_resources, self.name, self.copy(value))
 
 
 class TestKubelet:
@@ -103,33 +118,10 @@ class TestKubelet:
     def lists_seen(self) -> int:
         return self.registration.lists_seen
 
-    @property
-    def list_calls(self) -> int:
-        return self.pod_resources.list_calls
-
-    @list_calls.setter
-    def list_calls(self, count: int) -> None:
-        self.pod_resources.list_calls = count
-
-    @property
-    def list_failures(self) -> list[grpc.StatusCode]:
-        return self.pod_resources.failures
-
-    @list_failures.setter
-    def list_failures(self, codes: list[grpc.StatusCode]) -> None:
-        self.pod_resources.failures = list(codes)
-
-    @property
-    def get_enabled(self) -> bool:
-        return self.pod_resources.get_enabled
-
-    @get_enabled.setter
-    def get_enabled(self, enabled: bool) -> None:
-        self.pod_resources.get_enabled = enabled
-
-    @property
-    def get_calls(self) -> int:
-        return self.pod_resources.get_calls
+    list_calls = _PodResources[int]("list_calls")
+    list_failures = _PodResources[list[grpc.StatusCode]]("failures", list)  # a copy: the server consumes it
+    get_enabled = _PodResources[bool]("get_enabled")
+    get_calls = _PodResources[int]("get_calls")
 
     @property
     def checkpoint_path(self) -> str:

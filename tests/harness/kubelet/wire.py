@@ -10,7 +10,6 @@ import stat
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent import futures
 from dataclasses import dataclass, field
 
 import grpc
@@ -19,6 +18,7 @@ from deviceplugin.api import deviceplugin_pb2 as dp
 from deviceplugin.api import deviceplugin_pb2_grpc, podresources_pb2_grpc
 from deviceplugin.api import podresources_pb2 as pr
 from tests.harness.apiserver.ports import Pod
+from tests.harness.kubelet import sockets
 from tests.harness.kubelet.devices import DeviceState
 
 VERSION = "v1beta1"
@@ -136,16 +136,14 @@ class RegistrationServer(deviceplugin_pb2_grpc.RegistrationServicer):
         return sum(r.plugin_was_serving and not r.refused for r in self.registered)
 
     def start(self) -> None:
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="test-kubelet-reg"))
-        deviceplugin_pb2_grpc.add_RegistrationServicer_to_server(self, server)  # type: ignore[no-untyped-call]
-        server.add_insecure_port("unix://" + os.path.join(self.plugin_dir, "kubelet.sock"))
-        server.start()
-        self._server = server
+        def add(server: grpc.Server) -> None:
+            deviceplugin_pb2_grpc.add_RegistrationServicer_to_server(self, server)  # type: ignore[no-untyped-call]
+
+        self._server = sockets.serve(add, os.path.join(self.plugin_dir, "kubelet.sock"), 2, "test-kubelet-reg")
 
     def stop(self) -> None:
-        if self._server is not None:
-            self._server.stop(0).wait(5)
-            self._server = None
+        sockets.stop(self._server)
+        self._server = None
         self.disconnect()
 
     def disconnect(self) -> None:
@@ -316,20 +314,14 @@ class PodResourcesServer(podresources_pb2_grpc.PodResourcesListerServicer):
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, "rejected by rate limit")
 
     def start(self) -> None:
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=4, thread_name_prefix="test-kubelet-podres"))
-        podresources_pb2_grpc.add_PodResourcesListerServicer_to_server(self, server)  # type: ignore[no-untyped-call]
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.socket_path)
-        server.add_insecure_port("unix://" + self.socket_path)
-        server.start()
-        self._server = server
+        def add(server: grpc.Server) -> None:
+            podresources_pb2_grpc.add_PodResourcesListerServicer_to_server(self, server)  # type: ignore[no-untyped-call]
+
+        self._server = sockets.serve(add, self.socket_path, 4, "test-kubelet-podres")
 
     def stop(self) -> None:
-        if self._server is not None:
-            self._server.stop(0).wait(5)
-            self._server = None
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.socket_path)
+        sockets.stop(self._server, self.socket_path)
+        self._server = None
 
     def _resources(self, pod: Pod) -> pr.PodResources:
         meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}

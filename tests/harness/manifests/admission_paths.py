@@ -56,7 +56,7 @@ class Admitted:
     refusal: str | None
 
 
-class Cluster:
+class RenderedAdmission:
     """The test API server with one render's webhook configurations, routed to a webhook at `url` (a dead port: the
     webhook is down), and that render's admission policies."""
 

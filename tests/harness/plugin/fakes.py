@@ -4,8 +4,6 @@ tests/harness/pods.py)."""
 from __future__ import annotations
 
 import copy
-import itertools
-import threading
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -16,8 +14,11 @@ from deviceplugin.checkpoint import Checkpoint
 from deviceplugin.kubelet import Holding
 from deviceplugin.settings import PluginSettings, settings_from
 from node.apiclient import ApiServerError, Conflict
+from tests.harness.apiserver.status import ApiError
+from tests.harness.apiserver.store import Store
 
 NODE = "node-a"
+PODS = "pods"  # the store's key, and the resource its errors name
 
 
 def plugin_settings(tmp: str, **env: str) -> PluginSettings:
@@ -36,14 +37,14 @@ def plugin_settings(tmp: str, **env: str) -> PluginSettings:
 
 
 class FakeApiServer:
-    """A faithful in-memory stand-in for deviceplugin.apiserver.ApiServer: resourceVersion on every write,
-    409 on a stale patch, this node's pods only in node_pods(), Events and patches recorded."""
+    """A faithful in-memory stand-in for deviceplugin.apiserver.ApiServer: pods in the harness's versioned store
+    (a resourceVersion on every write, 409 on a stale patch), this node's pods only in node_pods(), Events and
+    patches recorded."""
 
     def __init__(self, node: str = NODE) -> None:
         self.node = node
-        self._pods: dict[tuple[str, str], dict[str, Any]] = {}
-        self._versions = itertools.count(1)
-        self._lock = threading.Lock()
+        self._store = Store()
+        self._lock = self._store.lock
         self.patches: list[tuple[str, dict[str, str]]] = []
         self.capacity: dict[str, str] = {}
         self.stale_cache = False  # node_pods() lags: it returns the pods as of the last refresh_cache()
@@ -84,7 +85,17 @@ class FakeApiServer:
         listener.replace(copy.deepcopy(pods))
 
     def _node_pods(self) -> list[dict[str, Any]]:
-        return [p for p in self._pods.values() if p["spec"].get("nodeName") == self.node]
+        return self._store.list(PODS, predicate=lambda p: p["spec"].get("nodeName") == self.node)[0]
+
+    def _current(self, namespace: str, name: str) -> dict[str, Any]:
+        pod = self._store.get(PODS, namespace, name)
+        if pod is None:
+            raise KeyError((namespace, name))
+        return pod
+
+    def _write(self, pod: dict[str, Any]) -> dict[str, Any]:
+        """Store a pod read under the lock: a new resourceVersion."""
+        return self._store.replace(PODS, pod, pod["metadata"]["resourceVersion"], PODS)
 
     def _changed(self, pod: dict[str, Any] | None, uid: str = "") -> None:
         """Tell the listeners (outside the lock, like the watch thread), unless the cache is frozen."""
@@ -101,13 +112,14 @@ class FakeApiServer:
             stored = copy.deepcopy(pod)
             meta = stored["metadata"]
             meta.setdefault("uid", str(uuid.uuid4()))
-            meta["resourceVersion"] = str(next(self._versions))
             if node is not None:
                 stored["spec"]["nodeName"] = node
             stored["status"] = {"phase": phase}
-            replaced = self._pods.get((meta["namespace"], meta["name"]))
-            self._pods[(meta["namespace"], meta["name"])] = stored
-            out = copy.deepcopy(stored)
+            replaced = self._store.get(PODS, meta["namespace"], meta["name"])
+            if replaced is None:
+                out = self._store.create(PODS, stored, PODS)
+            else:
+                out = self._store.replace(PODS, stored, replaced["metadata"]["resourceVersion"], PODS)
         if replaced is not None and replaced["metadata"]["uid"] != meta["uid"]:
             self._changed(None, replaced["metadata"]["uid"])
         self._changed(out)
@@ -115,17 +127,18 @@ class FakeApiServer:
 
     def delete(self, namespace: str, name: str) -> None:
         with self._lock:
-            gone = self._pods.pop((namespace, name), None)
+            gone = self._store.get(PODS, namespace, name)
+            if gone is not None:
+                self._store.remove(PODS, namespace, name, None, PODS)
         if gone is not None:
             self._changed(None, gone["metadata"]["uid"])
 
     def pod(self, namespace: str, name: str) -> dict[str, Any]:
-        with self._lock:
-            return copy.deepcopy(self._pods[(namespace, name)])
+        return self._current(namespace, name)
 
     def refresh_cache(self) -> None:
         with self._lock:
-            self._cache = [copy.deepcopy(p) for p in self._node_pods()]
+            self._cache = self._node_pods()
             listeners = list(self._listeners)
         for listener in listeners:
             listener.replace(copy.deepcopy(self._cache))
@@ -143,29 +156,26 @@ class FakeApiServer:
 
     def list_node_pods(self) -> list[dict[str, Any]]:
         self._check()
-        with self._lock:
-            return [copy.deepcopy(p) for p in self._pods.values() if p["spec"].get("nodeName") == self.node]
+        return self._node_pods()
 
     def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         self._check()
-        with self._lock:
-            pod = self._pods.get((namespace, name))
-            return copy.deepcopy(pod) if pod else None
+        return self._store.get(PODS, namespace, name)
 
     def patch_pod_annotations(
         self, namespace: str, name: str, annotations: Mapping[str, str], resource_version: str
     ) -> dict[str, Any]:
         self._check()
         with self._lock:
-            pod = self._pods.get((namespace, name))
+            pod = self._store.get(PODS, namespace, name)
             if pod is None:
                 raise ApiServerError(f"pod {namespace}/{name} no longer exists")
-            if pod["metadata"]["resourceVersion"] != resource_version:
-                raise Conflict(f"pod {namespace}/{name} changed meanwhile (409 Conflict)")
             pod["metadata"].setdefault("annotations", {}).update(annotations)
-            pod["metadata"]["resourceVersion"] = str(next(self._versions))
+            try:
+                out = self._store.replace(PODS, pod, resource_version, PODS)
+            except ApiError as exc:
+                raise Conflict(f"pod {namespace}/{name} changed meanwhile (409 Conflict)") from exc
             self.patches.append((f"{namespace}/{name}", dict(annotations)))
-            out = copy.deepcopy(pod)
         self._changed(out)
         return copy.deepcopy(out)
 
@@ -174,21 +184,19 @@ class FakeApiServer:
         """What the API server does on a graceful delete (a deletionTimestamp) and on the kubelet's status updates
         (`status` merged in): a new resourceVersion each, told to the watch."""
         with self._lock:
-            pod = self._pods[(namespace, name)]
+            pod = self._current(namespace, name)
             if deleting:
                 pod["metadata"].setdefault("deletionTimestamp", "2026-01-02T03:04:05Z")
                 pod["metadata"].setdefault("deletionGracePeriodSeconds", 30)
             pod["status"] = {**pod.get("status", {}), **(status or {})}
-            pod["metadata"]["resourceVersion"] = str(next(self._versions))
-            out = copy.deepcopy(pod)
+            out = self._write(pod)
         self._changed(out)
         return copy.deepcopy(out)
 
     def touch(self, namespace: str, name: str) -> None:
         """Someone else changed the pod (a status update): its resourceVersion moves on."""
         with self._lock:
-            self._pods[(namespace, name)]["metadata"]["resourceVersion"] = str(next(self._versions))
-            out = copy.deepcopy(self._pods[(namespace, name)])
+            out = self._write(self._current(namespace, name))
         self._changed(out)
 
     def create_event(self, pod: Mapping[str, Any], event_type: str, reason: str, message: str) -> None:

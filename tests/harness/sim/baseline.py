@@ -9,13 +9,11 @@ fsnotify).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import threading
 import time
 from collections.abc import Sequence
-from concurrent import futures
 
 import grpc
 
@@ -26,6 +24,7 @@ from e2e.refalloc import Decision, app_units, assigned_patch, candidates, decide
 from e2e.refservice import ReferenceService
 from node.inventory import Gpu
 from tests.harness.apiserver.ports import ApiError, PodApi
+from tests.harness.kubelet import sockets
 
 __all__ = ["BaselinePlugin", "app_units", "candidates"]
 
@@ -65,19 +64,15 @@ class BaselinePlugin(ReferenceService):
         self._stop_server()
 
     def _stop_server(self) -> None:
-        if self._server is not None:
-            self._server.stop(0).wait(5)
-            self._server = None
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.socket_path)
+        sockets.stop(self._server, self.socket_path)
+        self._server = None
 
     def _serve_and_register(self) -> None:
         self._stop_server()
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="sim-baseline"))
-        deviceplugin_pb2_grpc.add_DevicePluginServicer_to_server(self, server)  # type: ignore[no-untyped-call]
-        server.add_insecure_port("unix://" + self.socket_path)
-        server.start()
-        self._server = server
+        def add(server: grpc.Server) -> None:
+            deviceplugin_pb2_grpc.add_DevicePluginServicer_to_server(self, server)  # type: ignore[no-untyped-call]
+
+        self._server = sockets.serve(add, self.socket_path, 8, "sim-baseline")
         with grpc.insecure_channel("unix://" + os.path.join(self.plugin_dir, "kubelet.sock")) as channel:
             registration = deviceplugin_pb2_grpc.RegistrationStub(channel)  # type: ignore[no-untyped-call]
             registration.Register(dp.RegisterRequest(version="v1beta1", endpoint=self.endpoint,

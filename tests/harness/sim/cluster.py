@@ -25,10 +25,10 @@ from tests.harness.apiserver.client import SimClient
 from tests.harness.apiserver.configs import load_yaml_documents
 from tests.harness.apiserver.ports import Pod, PodApi
 from tests.harness.apiserver.server import ApiServer
+from tests.harness.judge import Observation
 from tests.harness.kubelet.node import Kubelet, KubeletConfig
 from tests.harness.sim.baseline import BaselinePlugin
 from tests.harness.sim.extender import Extender, SimNode
-from tests.harness.sim.invariants import Observation
 from tests.harness.sim.replicaset import ReplicaSet
 
 log = logging.getLogger(__name__)
@@ -67,7 +67,7 @@ class ClusterSpec:
     start_deleted: bool = True
 
 
-class Cluster:
+class SimCluster:
     """Start with start() (or `with`); close() stops every actor and server and removes the temp directory."""
 
     def __init__(self, spec: ClusterSpec, webhook: Webhook | None = None) -> None:
@@ -97,7 +97,7 @@ class Cluster:
             raise RuntimeError("the cluster is not started; call start() or use it as a context manager")
         return self._admin
 
-    def __enter__(self) -> Cluster:
+    def __enter__(self) -> SimCluster:
         self.start()
         return self
 
@@ -235,5 +235,5 @@ class _OurPlugin:
         self.stop()
 
 
-def node_names(cluster: Cluster) -> Sequence[str]:
+def node_names(cluster: SimCluster) -> Sequence[str]:
     return [k.config.node for k in cluster.kubelets]

@@ -35,7 +35,7 @@ def table(ours: Result, baseline: Result) -> str:
     return "\n".join(lines)
 
 
-# What each invariant kind means (tests/harness/sim/invariants.py), printed beside its count.
+# What each invariant kind means (tests/harness/judge.py), printed beside its count.
 MEANINGS = {
     "wrong-gpu": "containers that run on a GPU other than the one their own pod records: the plugin handed them "
                  "another pod's GPU",
@@ -52,7 +52,7 @@ MEANINGS = {
 
 def examples(result: Result, limit: int = 5) -> list[str]:
     kinds = Counter(v.kind for v in result.violations)
-    out = [f"  {kind}: {count} ({MEANINGS.get(kind, 'see tests/harness/sim/invariants.py')})"
+    out = [f"  {kind}: {count} ({MEANINGS.get(kind, 'see tests/harness/judge.py')})"
            for kind, count in sorted(kinds.items())]
     out += [f"  e.g. {v.message}" for v in result.violations[:limit]]
     return out
@@ -66,8 +66,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     # gRPC's C core logs connection teardown at INFO on stderr; the table is what this command is for.
     os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
-    from tests.harness.sim.cluster import Cluster
-    from tests.harness.sim.scenario import reference_cluster, reference_scenario, run_scenario
+    from tests.harness.scenarios import reference_scenario
+    from tests.harness.sim.cluster import SimCluster
+    from tests.harness.sim.scenario import reference_cluster, run_scenario
     from tests.harness.webhook.server import webhook_server
 
     logging.basicConfig(level=logging.INFO if args.verbose else logging.ERROR, format="%(name)s: %(message)s")
@@ -78,13 +79,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="gs-demo-") as directory:
         print(f"Running with the gpushare webhook and device plugin ({args.delivery} delivery) ...", flush=True)
-        with webhook_server(Path(directory), {"GPUSHARE_DELIVERY": args.delivery}) as hook, Cluster(
+        with webhook_server(Path(directory), {"GPUSHARE_DELIVERY": args.delivery}) as hook, SimCluster(
             reference_cluster("ours", args.delivery, args.seed), hook
         ) as cluster:
             ours = run_scenario(cluster, scenario)
     print("Running with the reference plugin's algorithm (no webhook, as the reference deployment has) ...",
           flush=True)
-    with Cluster(reference_cluster("baseline", "env", args.seed)) as cluster:
+    with SimCluster(reference_cluster("baseline", "env", args.seed)) as cluster:
         baseline = run_scenario(cluster, scenario)
     print()
     print(table(ours, baseline))

@@ -28,18 +28,8 @@ from concurrent import futures
 from dataclasses import dataclass
 from typing import Any
 
-from contract import (
-    ASSIGNED,
-    ASSUME_TIME,
-    DEFAULT_RESOURCE,
-    DEV,
-    IDX,
-    POD,
-    ProtocolError,
-    demand_of,
-    parse_assignment,
-    read_annotations,
-)
+from contract import ProtocolError, demand_of, parse_assignment, read_annotations
+from contract.keys import ASSIGNED, ASSUME_TIME, DEFAULT_RESOURCE, DEV, IDX, POD
 from node.inventory import Gpu
 from tests.harness.apiserver.ports import ApiError, Pod, PodApi
 

@@ -1,4 +1,5 @@
-"""Scenarios on a simulated cluster: concurrent creation, deletions during the pull, kubelet restarts, invariants."""
+"""Running a scenario (tests/harness/scenarios.py) on a simulated cluster: concurrent creation, deletions during the
+pull, kubelet restarts, and the judge's verdict."""
 
 from __future__ import annotations
 
@@ -11,51 +12,13 @@ from concurrent import futures
 from dataclasses import dataclass, field
 from typing import Any
 
-from contract.keys import DEFAULT_RESOURCE
 from tests.harness.apiserver.ports import ApiError, Pod
-from tests.harness.sim.cluster import Cluster, ClusterSpec, PluginKind
-from tests.harness.sim.invariants import Observation, Summary, Violation, check, summarize
+from tests.harness.judge import Observation, Summary, Violation, check, summarize
+from tests.harness.scenarios import BUG_REPORT_GPUS, PodShape, Scenario
+from tests.harness.sim.cluster import ClusterSpec, PluginKind, SimCluster
 from tests.harness.sim.replicaset import ReplicaSet
 
-RESOURCE = DEFAULT_RESOURCE
 _namespaces = itertools.count()
-
-
-@dataclass(frozen=True)
-class PodShape:
-    """Units per app container and per init container (0: that container asks for no GPU memory)."""
-
-    containers: tuple[int, ...] = (1,)
-    init: tuple[int, ...] = ()
-    sidecar: bool = False  # the first init container is a restartable sidecar
-    zero_limit: bool = False  # a container asking for no GPU memory says so with a limit of "0"
-
-    def pod(self, name: str = "", generate_name: str = "", image: str = "registry.example/cuda-app:1") -> Pod:
-        def container(prefix: str, i: int, units: int) -> dict[str, Any]:
-            out: dict[str, Any] = {"name": f"{prefix}{i}", "image": image}
-            if units or self.zero_limit:
-                out["resources"] = {"limits": {RESOURCE: str(units)}}
-            return out
-
-        meta: dict[str, Any] = {"name": name} if name else {"generateName": generate_name}
-        spec: dict[str, Any] = {"containers": [container("app", i, u) for i, u in enumerate(self.containers)]}
-        if self.init:
-            spec["initContainers"] = [container("init", i, u) for i, u in enumerate(self.init)]
-            if self.sidecar:
-                spec["initContainers"][0]["restartPolicy"] = "Always"
-        return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
-
-
-@dataclass(frozen=True)
-class Scenario:
-    seed: int
-    pods: tuple[PodShape, ...] = ()  # created at once by an ordinary user, one thread each
-    group: tuple[PodShape, int] | None = None  # a ReplicaSet-managed group: template and replicas
-    delete: int = 0  # pods deleted while their images pull (or whenever they are, at that moment)
-    delete_after_s: float = 0.0  # delay after all first pods are bound
-    restarts: tuple[float, ...] = ()  # kubelet restarts, seconds after creation starts
-    settle_timeout_s: float = 30.0
-    cuda_images: bool = False  # the pods run nvidia/cuda images, whose env selects every GPU
 
 
 @dataclass
@@ -76,55 +39,16 @@ class Result:
         return "\n".join(lines)
 
 
-def random_scenario(seed: int, gpu_units: int = 8, placement: str = "extender") -> Scenario:
-    """A tiny seeded scenario: 2-8 pods of mixed shapes, maybe a group, deletions and a kubelet restart.
-
-    Under extender placement every pod is one the scheduler extender can book (the webhook refuses the others):
-    init containers no larger than the app container, sidecars without GPU memory. Node placement books the
-    whole pod, so there init containers may be larger and sidecars have GPU memory."""
-    rng = random.Random(seed)
-    low = max(1, gpu_units // 8)
-    high = max(low, gpu_units // 2)
-    whole = placement == "node"
-
-    def shape() -> PodShape:
-        kind = rng.random()
-        if kind < 0.45:
-            return PodShape((rng.randint(low, high),))
-        if kind < 0.7:
-            return PodShape((rng.randint(low, high), rng.choice([0, rng.randint(low, high)])))
-        if kind < 0.9:
-            app, init = rng.randint(low, high), rng.randint(low, gpu_units // 2 + 1)
-            return PodShape((app,), (init if whole else min(init, app),))
-        if kind < 0.95:
-            app, sidecar = rng.randint(low, high), rng.randint(low, high)
-            return PodShape((app,), (sidecar if whole else 0, 0), sidecar=True)
-        return PodShape((0,))
-
-    count = rng.randint(2, 8)
-    group = (shape(), rng.randint(2, 3)) if rng.random() < 0.3 else None
-    pods = tuple(shape() for _ in range(count - (group[1] if group else 0)))
-    return Scenario(
-        seed=seed,
-        pods=pods,
-        group=group,
-        delete=rng.choice([0, 0, 1, 2]),
-        delete_after_s=rng.uniform(0.0, 0.05),
-        restarts=(rng.uniform(0.0, 0.1),) if rng.random() < 0.25 else (),
-        cuda_images=rng.random() < 0.5,
-    )
-
-
 def _meta(pod: Pod) -> dict[str, Any]:
     meta: dict[str, Any] = pod.get("metadata") or {}
     return meta
 
 
-def _pods(cluster: Cluster, namespace: str) -> list[Pod]:
+def _pods(cluster: SimCluster, namespace: str) -> list[Pod]:
     return [p for p in cluster.admin.list_pods()[0] if _meta(p).get("namespace") == namespace]
 
 
-def _settled(cluster: Cluster, namespace: str, groups: Sequence[ReplicaSet]) -> bool:
+def _settled(cluster: SimCluster, namespace: str, groups: Sequence[ReplicaSet]) -> bool:
     extender = cluster.extender
     waiting = set(extender.unschedulable) | set(extender.bind_errors) if extender is not None else set()
     for pod in _pods(cluster, namespace):
@@ -145,7 +69,7 @@ def _settled(cluster: Cluster, namespace: str, groups: Sequence[ReplicaSet]) -> 
     return all(rs.settled() for rs in groups)
 
 
-def wait_settled(cluster: Cluster, namespace: str, groups: Sequence[ReplicaSet], timeout_s: float) -> bool:
+def wait_settled(cluster: SimCluster, namespace: str, groups: Sequence[ReplicaSet], timeout_s: float) -> bool:
     deadline = time.monotonic() + timeout_s
     stable = 0
     while time.monotonic() < deadline:
@@ -156,7 +80,7 @@ def wait_settled(cluster: Cluster, namespace: str, groups: Sequence[ReplicaSet],
     return False
 
 
-def _delete_some(cluster: Cluster, namespace: str, scenario: Scenario, rng: random.Random,
+def _delete_some(cluster: SimCluster, namespace: str, scenario: Scenario, rng: random.Random,
                  total: int) -> dict[str, str]:
     """Delete pods as their owner would, preferring pods that are admitted by their kubelet but not yet running
     (pulling)."""
@@ -201,7 +125,7 @@ def _image(scenario: Scenario, namespace: str, tag: str) -> str:
     return f"registry.example/{namespace}/{'nvidia/cuda' if scenario.cuda_images else 'app'}:{tag}"
 
 
-def run_scenario(cluster: Cluster, scenario: Scenario) -> Result:
+def run_scenario(cluster: SimCluster, scenario: Scenario) -> Result:
     """Run one scenario in a fresh namespace, judge it, then delete everything it made and check the release."""
     started = time.monotonic()
     rng = random.Random(scenario.seed)
@@ -213,11 +137,9 @@ def run_scenario(cluster: Cluster, scenario: Scenario) -> Result:
     for timer in restarters:
         timer.daemon = True
         timer.start()
-    groups = []
-    if scenario.group is not None:
-        shape, replicas = scenario.group
-        template = shape.pod(generate_name="group-", image=_image(scenario, namespace, "group"))
-        groups.append(cluster.replicaset(namespace, "group", replicas, template))
+    groups = [cluster.replicaset(namespace, g.name, g.replicas,
+                                 g.shape.pod(generate_name=f"{g.name}-", image=_image(scenario, namespace, g.name)))
+              for g in scenario.groups]
 
     def create(index: int, shape: PodShape) -> bool:
         try:
@@ -230,7 +152,7 @@ def run_scenario(cluster: Cluster, scenario: Scenario) -> Result:
 
     with futures.ThreadPoolExecutor(max_workers=max(1, len(scenario.pods))) as pool:
         created = sum(pool.map(create, range(len(scenario.pods)), scenario.pods))
-    total = created + (scenario.group[1] if scenario.group else 0)
+    total = created + scenario.replicas
     deleted = _delete_some(cluster, namespace, scenario, rng, total) if scenario.delete else {}
     for timer in restarters:
         timer.join()
@@ -246,7 +168,7 @@ def run_scenario(cluster: Cluster, scenario: Scenario) -> Result:
     return Result(scenario, namespace, observation, violations, summary, time.monotonic() - started, errors, deleted)
 
 
-def _tear_down(cluster: Cluster, namespace: str, groups: Sequence[ReplicaSet]) -> list[Violation]:
+def _tear_down(cluster: SimCluster, namespace: str, groups: Sequence[ReplicaSet]) -> list[Violation]:
     """Delete the scenario's pods and check every kubelet lets go of their devices."""
     for rs in groups:
         rs.close()
@@ -270,13 +192,8 @@ def _tear_down(cluster: Cluster, namespace: str, groups: Sequence[ReplicaSet]) -
                       f"{len(_pods(cluster, namespace))} pods remain and {len(held)} still hold devices")]
 
 
-def reference_scenario(seed: int = 26) -> Scenario:
-    """The bug report as a scenario: a Deployment of 30 pods x 8 units, 10 deleted while their images pull."""
-    return Scenario(seed=seed, group=(PodShape((8,)), 30), delete=10, delete_after_s=0.3, settle_timeout_s=90.0)
-
-
 def reference_cluster(plugin: str, delivery: str = "env", seed: int = 26) -> ClusterSpec:
     """One node with 4 GPUs of 64 units, 2-second image pulls, up to 16 bindings at once, each up to 0.2 s."""
     kind: PluginKind = "baseline" if plugin == "baseline" else "ours"
-    return ClusterSpec(nodes=1, gpus="4x64GiB", plugin=kind, delivery=delivery, seed=seed, pull_delay=(2.0, 2.0),
+    return ClusterSpec(nodes=1, gpus=BUG_REPORT_GPUS, plugin=kind, delivery=delivery, seed=seed, pull_delay=(2.0, 2.0),
                        max_jitter_s=0.2, binders=16)

@@ -28,6 +28,7 @@ from e2e.images import REPORT
 from e2e.kube import Kubectl, kubectl_path
 from e2e.settings import E2eSettings
 from node.inventory import fake_gpus
+from tests.harness.judge import Counts
 
 RESOURCE = DEFAULT_RESOURCE
 _LINE = re.compile(r"gpushare-e2e container=(?P<container>\S*) visible=(?P<visible>\S*) idx=(?P<idx>\S*) "
@@ -150,6 +151,28 @@ def last_start_path(live: Iterable[Mapping[str, Any]], since: datetime) -> dict[
         path["scheduled"] = (stamp(scheduled) - since).total_seconds()
     path["started"] = (last - since).total_seconds()
     return path
+
+
+def sort_live(live: Iterable[dict[str, Any]], failed: list[str], stuck: list[str]) -> list[dict[str, Any]]:
+    """The live pods that run; each other one goes, with its reason, into `failed` (its phase is Failed) or `stuck`."""
+    out = []
+    for p in live:
+        where = failed if phase(p) == "Failed" else None if running(p) else stuck
+        if where is None:
+            out.append(p)
+        else:
+            where.append(f"{p['metadata']['name']}: {reason(p)}")
+    return out
+
+
+def time_to_start(out: Counts, running: Iterable[Mapping[str, Any]], live: Iterable[Mapping[str, Any]],
+                  created: list[datetime]) -> None:
+    """The first creation to the last container start of a running pod, and where that time went (over every live
+    pod), once both are known."""
+    starts = [t for p in running for t in started_at(p)]
+    if starts and created:
+        out.seconds = (max(starts) - min(created)).total_seconds()
+        out.last_pod = last_start_path(live, min(created))
 
 
 def reason(p: Mapping[str, Any]) -> str:

@@ -12,17 +12,17 @@ import json
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
-from contract.dra import gpu_index
+from contract.dra import MEMORY, consumed_memory, driver_results, gpu_index
 from contract.keys import DRA_DRIVER
 from contract.quantity import quantity_bytes
 from e2e import control, extender, gpushare
 from e2e.cluster import Cluster
 from e2e.kube import Kubectl
-from tests.harness.cluster import workloads as w
+from tests.harness.judge import Counts, over_capacity
 from tests.harness.manifests.render import render, render_with_component
+from tests.harness.realtier import workloads as w
 
 GIB = 1 << 30
 SETTLE_S = 300
@@ -90,7 +90,7 @@ def claim_template(name: str, gib: int) -> dict[str, Any]:
     return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate", "metadata": {"name": name},
             "spec": {"spec": {"devices": {"requests": [{
                 "name": "gpu", "exactly": {"deviceClassName": DRA_DRIVER,
-                                           "capacity": {"requests": {"memory": f"{gib}Gi"}}}}]}}}}
+                                           "capacity": {"requests": {MEMORY: f"{gib}Gi"}}}}]}}}}
 
 
 def claimed(container: dict[str, Any], claim: str = "gpu") -> dict[str, Any]:
@@ -103,18 +103,12 @@ def with_claim(pod: dict[str, Any], template: str, claim: str = "gpu") -> dict[s
 
 
 @dataclass
-class DraOutcome:
-    pods: int = 0
-    started: int = 0
+class DraOutcome(Counts):
+    """The judge's counts for pods with claims (last_pod also says when its claim was made)."""
+
     on_claimed_gpu: int = 0
-    wrong_gpu: list[str] = field(default_factory=list)
-    made_up: list[str] = field(default_factory=list)
-    stuck: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
     consumed_gib: dict[int, int] = field(default_factory=dict)
-    over_committed: dict[int, int] = field(default_factory=dict)
-    seconds: float | None = None
-    last_pod: dict[str, Any] = field(default_factory=dict)  # where that time went, with its claim's creation
 
 
 def _claims(kubectl: Kubectl, namespace: str, pod: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -128,11 +122,10 @@ def claim_gpus(kubectl: Kubectl, namespace: str, pod: dict[str, Any]) -> dict[in
     """GPU index -> bytes the pod's claims consumed there, from the claims' allocation results (our driver's)."""
     out: dict[int, int] = {}
     for claim in _claims(kubectl, namespace, pod):
-        for result in ((claim.get("status") or {}).get("allocation") or {}).get("devices", {}).get("results") or []:
-            index = gpu_index(result.get("device", "")) if result.get("driver") == DRA_DRIVER else None
+        for result in driver_results(claim):
+            index = gpu_index(str(result.get("device", "")))
             if index is not None:
-                memory = (result.get("consumedCapacity") or {}).get("memory", "0")
-                out[index] = out.get(index, 0) + int(quantity_bytes(memory))
+                out[index] = out.get(index, 0) + int(quantity_bytes(str(consumed_memory(result) or "0")))
     return out
 
 
@@ -142,17 +135,10 @@ def outcome(cluster: Cluster, kubectl: Kubectl, namespace: str, containers: tupl
     live = [p for p in w.pods(kubectl, namespace) if not p["metadata"].get("deletionTimestamp")]
     out = DraOutcome(pods=len(live))
     consumed: dict[int, int] = {}
-    starts: list[datetime] = []
-    for p in live:
+    running = w.sort_live(live, out.failed, out.stuck)
+    out.started = len(running)
+    for p in running:
         name = p["metadata"]["name"]
-        if w.phase(p) == "Failed":
-            out.failed.append(f"{name}: {w.reason(p)}")
-            continue
-        if not w.running(p):
-            out.stuck.append(f"{name}: {w.reason(p)}")
-            continue
-        out.started += 1
-        starts.extend(w.started_at(p))
         claimed_gpus = claim_gpus(kubectl, namespace, p)
         for gpu, size in claimed_gpus.items():
             consumed[gpu] = consumed.get(gpu, 0) + size
@@ -169,13 +155,12 @@ def outcome(cluster: Cluster, kubectl: Kubectl, namespace: str, containers: tupl
         if got_all and got_all == set(claimed_gpus):
             out.on_claimed_gpu += 1
     out.consumed_gib = {g: b // GIB for g, b in sorted(consumed.items())}
-    out.over_committed = {g: gib for g, gib in out.consumed_gib.items() if gib > capacity_gib}
+    out.over_committed = over_capacity(out.consumed_gib, lambda _: capacity_gib)
     created = [w.stamp(t) for t in kubectl.ok(
         ["get", "replicasets,pods", "-n", namespace, "-o",
          "jsonpath={.items[*].metadata.creationTimestamp}"]).split()]
-    if starts and created:
-        out.seconds = (max(starts) - min(created)).total_seconds()
-        out.last_pod = w.last_start_path(live, min(created))
+    w.time_to_start(out, running, live, created)
+    if out.last_pod:
         last = next((p for p in live if p["metadata"]["name"] == out.last_pod.get("pod")), None)
         made = [w.stamp(c["metadata"]["creationTimestamp"]) for c in _claims(kubectl, namespace, last or {})]
         if made:

@@ -1,9 +1,14 @@
-"""The invariants a simulated run must hold, judged from the final pods and what every container saw (pure)."""
+"""The one judge of a scenario's outcome, on either tier (pure): a GPU-share container runs on the GPU its pod
+records and on no made-up device, no GPU holds more than it has, and every pod that does not run says why. The
+simulated tier judges what every container saw (check, summarize); the real-cluster tier counts what each
+container reported into an Outcome (tests/harness/realtier/scenarios.py), with the same rules."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import json
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from contract import DEFAULT_PREFIX, POD, ProtocolError, parse_allocation, parse_assignment, read_annotations
 from kubectlplugin.events import PLUGIN_COMPONENT
@@ -11,10 +16,71 @@ from node.inventory import Gpu
 from tests.harness.apiserver.ports import Pod
 from tests.harness.kubelet.node import ContainerRun
 
+K = TypeVar("K")
+WRONG_GPU, MADE_UP = "wrong-gpu", "made-up-device"
+
+
+def gpu_verdict(got: Sequence[int] | None, recorded: int | None) -> str | None:
+    """What is wrong with the GPUs a started GPU-share container received (None: what it received names no GPU):
+    MADE_UP, WRONG_GPU unless it is exactly the GPU its pod records, or None when it is."""
+    if got is None:
+        return MADE_UP
+    return WRONG_GPU if recorded is None or tuple(got) != (recorded,) else None
+
+
+def over_capacity(units: Mapping[K, int], capacity: Callable[[K], int]) -> dict[K, int]:
+    """The GPUs (by any key) whose units add up to more than they have, in key order."""
+    return {key: total for key, total in sorted(units.items()) if total > capacity(key)}
+
+
+@dataclass(kw_only=True)
+class Counts:
+    """What the real-cluster tier counts of a run's live pods, whoever gave them their GPUs."""
+
+    pods: int = 0
+    started: int = 0
+    wrong_gpu: list[str] = field(default_factory=list)
+    made_up: list[str] = field(default_factory=list)
+    stuck: list[str] = field(default_factory=list)
+    over_committed: dict[int, int] = field(default_factory=dict)  # GPU index -> what it was given, over capacity
+    seconds: float | None = None  # the first ReplicaSet's creation to the last container start (API server clock)
+    last_pod: dict[str, Any] = field(default_factory=dict)  # where that time went (workloads.last_start_path)
+
+
+@dataclass
+class Outcome(Counts):
+    """The real-cluster tier's count of one scenario on one stack."""
+
+    stack: str
+    scenario: str
+    namespace: str
+    on_recorded_gpu: int = 0
+    rejected: list[str] = field(default_factory=list)  # failed admission (UnexpectedAdmissionError), replaced
+    promised_per_gpu: dict[int, int] = field(default_factory=dict)
+    plugin_refusals: dict[str, int] = field(default_factory=dict)  # our plugin's refusal Events by reason
+    plugin_messages: list[str] = field(default_factory=list)  # one refusal message per reason
+
+    @property
+    def failed(self) -> bool:
+        """The bug report's failure: a container refused or stuck, started on a made-up device or on a GPU its
+        pod was not given, or a GPU given more than it has."""
+        return bool(self.wrong_gpu or self.made_up or self.stuck or self.over_committed)
+
+    def received(self, where: str, got: int | None, recorded: int | None, shown: str) -> None:
+        """Count what one started GPU-share container received (`shown`: what it reported, for a made-up one)."""
+        verdict = gpu_verdict(None if got is None else (got,), recorded)
+        if verdict == MADE_UP:
+            self.made_up.append(f"{where}: {shown}")
+        elif verdict == WRONG_GPU:
+            self.wrong_gpu.append(f"{where}: got GPU {got}, annotation says {recorded}")
+
+    def as_json(self) -> str:
+        return json.dumps(self.__dict__)
+
 
 @dataclass(frozen=True)
 class Violation:
-    kind: str  # wrong-gpu | made-up-device | unrequested-gpu | overcommit | no-message | not-released
+    kind: str  # WRONG_GPU | MADE_UP | unrequested-gpu | overcommit | no-message | not-released
     pod: str
     message: str
 
@@ -98,7 +164,7 @@ def check(obs: Observation) -> list[Violation]:
         ref = f"{run.namespace}/{run.pod}"
         if run.made_up and (run.pod_uid, run.container) not in reported:  # once per container, not per retry
             reported.add((run.pod_uid, run.container))
-            out.append(Violation("made-up-device", ref, f"container {run.container!r} of pod {ref} on {run.node} "
+            out.append(Violation(MADE_UP, ref, f"container {run.container!r} of pod {ref} on {run.node} "
                                  f"was handed NVIDIA_VISIBLE_DEVICES={run.visible!r}, which names no GPU"))
         if run.started and not run.units:
             out += _unrequested(run, ref)
@@ -109,13 +175,13 @@ def check(obs: Observation) -> list[Violation]:
         if recorded is None:
             recorded = _index(run.annotations)
         sees = f"container {run.container!r} of pod {ref} on {run.node} sees GPU {list(run.gpus)} but "
-        if run.gpus != ((recorded,) if recorded is not None else ()) or recorded is None:
-            out.append(Violation("wrong-gpu", ref, sees + f"its pod records GPU {recorded}"))
+        if gpu_verdict(run.gpus, recorded) is not None:
+            out.append(Violation(WRONG_GPU, ref, sees + f"its pod records GPU {recorded}"))
         if run.mounted is not None and run.mounted != run.gpus:
-            out.append(Violation("wrong-gpu", ref, sees + f"its CDI-mounted GPU file names {list(run.mounted)}"))
+            out.append(Violation(WRONG_GPU, ref, sees + f"its CDI-mounted GPU file names {list(run.mounted)}"))
         record = _allocation_gpu(read_annotations(current) if current is not None else run.annotations)
-        if record is not None and run.gpus != (record,):
-            out.append(Violation("wrong-gpu", ref, sees + f"the pod's allocation record names GPU {record}"))
+        if record is not None and gpu_verdict(run.gpus, record) is not None:
+            out.append(Violation(WRONG_GPU, ref, sees + f"the pod's allocation record names GPU {record}"))
     out += _capacity(obs, alive)
     out += _end_states(obs, alive)
     for node, uids in obs.held.items():
@@ -161,12 +227,13 @@ def _capacity(obs: Observation, alive: Mapping[str, Pod]) -> list[Violation]:
         if uid in alive and run.started and run.units and not run.init:
             for index in run.gpus:
                 actual[(run.node, index)] = actual.get((run.node, index), 0) + run.units
+    def memory(key: tuple[str, int]) -> int:
+        return next((g.memory_units for g in obs.gpus.get(key[0], ()) if g.index == key[1]), 0)
+
     for what, table in (("recorded allocations", recorded), ("running containers", actual)):
-        for (node, index), units in sorted(table.items()):
-            memory = next((g.memory_units for g in obs.gpus.get(node, ()) if g.index == index), 0)
-            if units > memory:
-                out.append(Violation("overcommit", f"{node}/gpu{index}", f"the {what} on {node} GPU {index} add up "
-                                     f"to {units} units, more than its {memory}"))
+        for (node, index), units in over_capacity(table, memory).items():
+            out.append(Violation("overcommit", f"{node}/gpu{index}", f"the {what} on {node} GPU {index} add up "
+                                 f"to {units} units, more than its {memory((node, index))}"))
     return out
 
 

@@ -32,13 +32,14 @@ from e2e.kube import Kubectl
 from e2e.procs import StartError
 from e2e.refstack import Stacks
 from e2e.settings import from_environ
-from tests.harness.cluster import scenarios
-from tests.harness.cluster.scenarios import Outcome, Scenario
+from tests.harness.judge import Outcome
+from tests.harness.realtier import scenarios
+from tests.harness.scenarios import BUG_REPORT, KUBELET_DOWN, TWO_CONTAINERS, Scenario
 
 LOCK = Path("/tmp/gpushare-e2e.lock")
 STACKS = ("reference", "env", "cdi")
 HEADS = {"reference": "reference stack", "env": "gpushare, env", "cdi": "gpushare, cdi"}
-SHOWN = (scenarios.BUG_REPORT, scenarios.TWO_CONTAINERS, scenarios.KUBELET_DOWN)
+SHOWN = (BUG_REPORT, TWO_CONTAINERS, KUBELET_DOWN)
 ROWS: tuple[tuple[str, Callable[[Outcome], object]], ...] = (
     ("pods alive at the end", lambda o: o.pods),
     ("pods started", lambda o: o.started),
@@ -202,11 +203,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                     print(f"\n{scenario.name} (run {n}):\n" + table(outcomes[scenario.name]))
                 print("\nThe bug report's scenario, first create to last container start, ours against the reference "
                       "stack:")
-                print("\n".join(timing(outcomes[scenarios.BUG_REPORT.name])) + "\n", flush=True)
+                print("\n".join(timing(outcomes[BUG_REPORT.name])) + "\n", flush=True)
             if args.runs > 1:
                 print(f"Over all {args.runs} runs (mean seconds; one run's figures move by several seconds on a "
                       "shared machine):")
-                print("\n".join(timing(mean_outcomes([r[scenarios.BUG_REPORT.name] for r in every]))) + "\n")
+                print("\n".join(timing(mean_outcomes([r[BUG_REPORT.name] for r in every]))) + "\n")
             # Only our runs: in the reference runs no gpushare admission is installed.
             ours = {o.namespace for r in every for by_stack in r.values() for s, o in by_stack.items()
                     if s != "reference"}

@@ -1,29 +1,24 @@
-"""The bug report's scenario and its relatives on the real node, for any stack: run one, and count what every live
-pod's GPU containers received, and what the device plugin said about them.
+"""Running a scenario (tests/harness/scenarios.py: the bug report and its relatives) on the real node, for any stack,
+and counting what every live pod's GPU containers received, and what the device plugin said about them, into the
+judge's Outcome (tests/harness/judge.py).
 
 Stacks: "reference" (the reference extender with the reference device plugin, no admission control; its plugin
 answers NVIDIA_VISIBLE_DEVICES=<GPU index> or no-gpu-has-…), "env" and "cdi" (the reference extender with ours).
-Scenarios (each a set of ReplicaSets created with one `kubectl create`):
-- BUG_REPORT: 30 pods of 8 GiB on 4 x 64 GiB, a 10-second pull, 10 pods deleted while their image is pulled and
-  replaced by the real ReplicaSet controller;
-- MIXED: four sizes created together, 8 deleted while pulling;
-- INIT: pods whose init container has GPU memory (no more than the app containers), two app containers after one;
-- KUBELET_DOWN: 16 pods of 8 GiB bound while the kubelet is down, admitted as one batch when it starts.
+Each scenario's groups are ReplicaSets created with one `kubectl create`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import time
 from collections import Counter
-from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
 from e2e.cluster import Cluster
 from e2e.kube import Kubectl
-from tests.harness.cluster import workloads as w
+from tests.harness.judge import Outcome, over_capacity
+from tests.harness.realtier import workloads as w
+from tests.harness.scenarios import PodShape, Scenario
 
 SETTLE_S = 300
 PLUGIN = "gpushare-device-plugin"  # the source component of our plugin's Events
@@ -32,77 +27,16 @@ ALLOCATED = "GpuShareAllocated"  # its Normal Event for a container given its GP
 REGISTERED = b"Got registration request from device plugin"
 
 
-@dataclass(frozen=True)
-class Shape:
-    """One ReplicaSet: app containers "c0", "c1", … with these units, and optionally one init container "prep"."""
-
-    name: str
-    replicas: int
-    units: tuple[int, ...]
-    init_units: int | None = None
-
-    def template(self, img: str) -> dict[str, Any]:
-        init = [w.container("prep", img, self.init_units, then="exit 0")] if self.init_units else None
-        return w.pod("x", [w.container(f"c{i}", img, u) for i, u in enumerate(self.units)], init)
-
-    @property
-    def gpu_containers(self) -> dict[str, int]:
-        named = {f"c{i}": u for i, u in enumerate(self.units)}
-        return {**({"prep": self.init_units} if self.init_units else {}), **named}
+def template(shape: PodShape, img: str) -> dict[str, Any]:
+    """A group's pod on the real node: app containers "c0", "c1", ... with the shape's units, and its first init
+    container (if any) as "prep"."""
+    init = [w.container("prep", img, shape.init[0], then="exit 0")] if shape.init and shape.init[0] else None
+    return w.pod("x", [w.container(f"c{i}", img, u) for i, u in enumerate(shape.containers)], init)
 
 
-@dataclass(frozen=True)
-class Scenario:
-    name: str
-    shapes: tuple[Shape, ...]
-    pull_ms: int
-    delete: int = 0  # pods deleted while their image is pulled
-    kubelet_down: bool = False  # bound while the kubelet is stopped, admitted as one batch when it starts
-
-    @property
-    def replicas(self) -> int:
-        return sum(s.replicas for s in self.shapes)
-
-
-BUG_REPORT = Scenario("the bug report", (Shape("bug", 30, (8,)),), 10000, delete=10)
-MIXED = Scenario("mixed sizes, deletions while pulling",
-                 (Shape("s4", 8, (4,)), Shape("s8", 6, (8,)), Shape("s12", 4, (12,)), Shape("s16", 4, (16,))),
-                 8000, delete=8)
-INIT = Scenario("init containers with GPU memory",
-                (Shape("init-smaller", 4, (8,), init_units=4), Shape("init-equal", 4, (8,), init_units=8),
-                 Shape("two-apps", 4, (4, 4), init_units=8)), 4000, delete=3)
-TWO_CONTAINERS = Scenario("two GPU containers per pod", (Shape("two", 4, (4, 4)),), 2000)
-KUBELET_DOWN = Scenario("bound while the kubelet is down", (Shape("down", 16, (8,)),), 4000, kubelet_down=True)
-SCENARIOS = (BUG_REPORT, MIXED, INIT, TWO_CONTAINERS, KUBELET_DOWN)
-
-
-@dataclass
-class Outcome:
-    stack: str
-    scenario: str
-    namespace: str
-    pods: int = 0
-    started: int = 0
-    on_recorded_gpu: int = 0
-    wrong_gpu: list[str] = field(default_factory=list)
-    made_up: list[str] = field(default_factory=list)
-    stuck: list[str] = field(default_factory=list)
-    rejected: list[str] = field(default_factory=list)  # failed admission (UnexpectedAdmissionError), replaced
-    over_committed: dict[int, int] = field(default_factory=dict)  # GPU index -> units received on it, over capacity
-    promised_per_gpu: dict[int, int] = field(default_factory=dict)
-    plugin_refusals: dict[str, int] = field(default_factory=dict)  # our plugin's refusal Events by reason
-    plugin_messages: list[str] = field(default_factory=list)  # one refusal message per reason
-    seconds: float | None = None  # the first ReplicaSet's creation to the last container start (API server clock)
-    last_pod: dict[str, Any] = field(default_factory=dict)  # where that time went (workloads.last_start_path)
-
-    @property
-    def failed(self) -> bool:
-        """The bug report's failure: a container refused or stuck, started on a made-up device or on a GPU its
-        pod was not given, or a GPU given more than it has."""
-        return bool(self.wrong_gpu or self.made_up or self.stuck or self.over_committed)
-
-    def as_json(self) -> str:
-        return json.dumps(self.__dict__)
+def gpu_containers(shape: PodShape) -> dict[str, int]:
+    named = {f"c{i}": u for i, u in enumerate(shape.containers)}
+    return {**({"prep": shape.init[0]} if shape.init and shape.init[0] else {}), **named}
 
 
 def received_gpu(rep: w.Report, stack: str, cluster: Cluster) -> int | None:
@@ -112,9 +46,9 @@ def received_gpu(rep: w.Report, stack: str, cluster: Cluster) -> int | None:
     return w.gpu_of(rep, "env" if stack == "reference" else stack, s.node_name, s.fake_gpus)
 
 
-def _shape_of(pod: dict[str, Any], scenario: Scenario) -> Shape:
+def _shape_of(pod: dict[str, Any], scenario: Scenario) -> PodShape:
     app = (pod["metadata"].get("labels") or {}).get("app")
-    return next(s for s in scenario.shapes if s.name == app)
+    return next(g.shape for g in scenario.groups if g.name == app)
 
 
 def outcome(cluster: Cluster, kubectl: Kubectl, namespace: str, stack: str, scenario: Scenario,
@@ -124,32 +58,22 @@ def outcome(cluster: Cluster, kubectl: Kubectl, namespace: str, stack: str, scen
     live = [p for p in every if not p["metadata"].get("deletionTimestamp")]
     out = Outcome(stack, scenario.name, namespace, pods=len(live), promised_per_gpu=w.promised(live))
     received: dict[int, int] = {}
-    starts: list[datetime] = []
-    for p in live:
+    running = w.sort_live(live, out.rejected, out.stuck)
+    out.started = len(running)
+    for p in running:
         name = p["metadata"]["name"]
-        if w.phase(p) == "Failed":
-            out.rejected.append(f"{name}: {w.reason(p)}")
-            continue
-        if not w.running(p):
-            out.stuck.append(f"{name}: {w.reason(p)}")
-            continue
-        out.started += 1
-        starts.extend(w.started_at(p))
         shape, recorded, gpus = _shape_of(p, scenario), w.assigned_index(p), set()
-        for container_name in shape.gpu_containers:
+        for container_name in gpu_containers(shape):
             rep = w.report(kubectl, namespace, name, container_name)
             got = None if rep is None else received_gpu(rep, stack, cluster)
-            if got is None:
-                out.made_up.append(f"{name}/{container_name}: {rep.visible if rep else 'no report'}")
-            elif got != recorded:
-                out.wrong_gpu.append(f"{name}/{container_name}: got GPU {got}, annotation says {recorded}")
+            out.received(f"{name}/{container_name}", got, recorded, rep.visible if rep else "no report")
             if got is not None:
                 gpus.add(got)
         if gpus == {recorded}:
             out.on_recorded_gpu += 1
         for gpu in gpus:  # a pod holds its whole request on every GPU its containers were given
-            received[gpu] = received.get(gpu, 0) + sum(shape.units)
-    out.over_committed = {gpu: units for gpu, units in sorted(received.items()) if units > capacity}
+            received[gpu] = received.get(gpu, 0) + sum(shape.containers)
+    out.over_committed = over_capacity(received, lambda _: capacity)
     plugin_events = [e for e in kubectl.json(["get", "events", "-n", namespace])["items"]
                      if ((e.get("source") or {}).get("component") == PLUGIN
                          or (e.get("reportingComponent") or "") == PLUGIN) and e.get("reason") != ALLOCATED]
@@ -160,9 +84,7 @@ def outcome(cluster: Cluster, kubectl: Kubectl, namespace: str, stack: str, scen
     out.plugin_messages = list({str(e.get("reason")): str(e.get("message")) for e in plugin_events}.values())
     created = [w.stamp(t) for t in kubectl.ok(["get", "replicasets", "-n", namespace, "-o",
                                                "jsonpath={.items[*].metadata.creationTimestamp}"]).split()]
-    if starts and created:
-        out.seconds = (max(starts) - min(created)).total_seconds()
-        out.last_pod = w.last_start_path(live, min(created))
+    w.time_to_start(out, running, live, created)
     return out
 
 
@@ -186,8 +108,8 @@ def run(cluster: Cluster, kubectl: Kubectl, namespace: str, stack: str, scenario
     if scenario.kubelet_down:
         cluster.procs.stop("kubelet")
     try:
-        code, text = w.create(kubectl, namespace, *[w.replicaset(s.name, s.replicas, s.template(img))
-                                                     for s in scenario.shapes])
+        code, text = w.create(kubectl, namespace, *[w.replicaset(g.name, g.replicas, template(g.shape, img))
+                                                     for g in scenario.groups])
         if code != 0:
             raise AssertionError(f"creating the ReplicaSets of {scenario.name} failed: {text}")
         if scenario.kubelet_down:

@@ -7,8 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from contract.dra import MEMORY, gpu_index
-from contract.keys import DRA_DRIVER
+from contract.dra import MEMORY, consumed_memory, driver_results, gpu_index
 from contract.modes import Unit
 from contract.quantity import QuantityError, quantity_units
 from node.inventory import Gpu
@@ -78,8 +77,7 @@ def _results(claim: Mapping[str, Any], ref: ClaimRef) -> list[Mapping[str, Any]]
             f"ResourceClaim {ref} is not allocated (status.allocation is empty), so there is nothing to prepare; "
             "the scheduler allocates it before the pod is bound, so check the pod's scheduling events"
         )
-    results = (allocation.get("devices") or {}).get("results") or []
-    return [r for r in results if isinstance(r, Mapping) and r.get("driver") == DRA_DRIVER]
+    return driver_results(claim)
 
 
 def _share(result: Mapping[str, Any], ref: ClaimRef, node: str, gpus: Mapping[int, Gpu], unit: Unit) -> Share:
@@ -96,7 +94,7 @@ def _share(result: Mapping[str, Any], ref: ClaimRef, node: str, gpus: Mapping[in
             f"{', '.join(f'gpu-{i}' for i in sorted(gpus)) or 'none'}); the node's ResourceSlice is stale, so "
             "delete the pod to have it scheduled on a current one"
         )
-    consumed = (result.get("consumedCapacity") or {}).get(MEMORY)
+    consumed = consumed_memory(result)
     if not isinstance(consumed, str):
         raise ClaimError(
             f"ResourceClaim {ref} is allocated device {device} without consumedCapacity.{MEMORY}: the "

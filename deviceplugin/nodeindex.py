@@ -126,7 +126,10 @@ class NodeIndex:
 
     def likely_holders(self, units: int, slot: str, limit: int) -> list[tuple[str, str, str]] | None:
         """(namespace, name, uid) of the pods that may hold these devices: those whose record names the slot
-        first, then those still waiting for devices of this size; None when there are more than `limit`."""
+        first, then those still waiting for devices of this size; None when there are more than `limit`, or while
+        the index is not synced (a pod the watch has not delivered yet may hold them)."""
+        if not self._synced:
+            return None
         with self._lock:
             uids = [*self._holding.get((units, slot), {}), *self._waiting.get(units, {})]
             if len(uids) > limit:
@@ -153,11 +156,10 @@ class NodeIndex:
         holders = self.holders_on(index, exclude_uid)
         return sum(h.units for h in holders), holders
 
-    def name_of(self, uid: str) -> tuple[str, str] | None:
-        """(namespace, name) of the pod with this UID, if it is on this node."""
+    def __contains__(self, uid: object) -> bool:
+        """Whether the watch has delivered the pod with this UID (and not its deletion)."""
         with self._lock:
-            entry = self._entries.get(uid)
-            return (entry.namespace, entry.name) if entry is not None else None
+            return uid in self._entries
 
     # -- under the lock --------------------------------------------------------------------------------
 

@@ -82,7 +82,7 @@ def test_the_index_answers_as_the_pod_list_does(inventory: UnitInventory, signer
     assert shown(index.usage_on(0)) == (5, ["team/a (2)", "team/b (3)"])
     assert [index.has_candidate(units, "s") for units in (1, 2, 3, 4, 5, 6)] == [True, True, True, False, False,
                                                                                   False]
-    assert index.name_of("uid-b") == ("team", "b")
+    assert "uid-b" in index and "uid-gone" not in index
     assert index.likely_holders(2, "s", 4) == [("team", "a", "uid-a")]
 
 
@@ -105,7 +105,7 @@ def test_the_index_follows_changes_deletions_pins_and_a_broken_watch(
     index.upsert(on_node(a, "uid-a", "3", phase="Succeeded"))  # a finished pod holds nothing
     assert index.usage_on(1) == (0, []) and index.units_on(1) == 0
     index.remove("uid-a")
-    assert index.name_of("uid-a") is None and not index.has_candidate(2, slot)
+    assert "uid-a" not in index and not index.has_candidate(2, slot)
     index.stale()
     assert not index.synced
     index.replace([])

@@ -209,7 +209,7 @@ class Node:
     def _seen(self, uid: str, present: bool = True) -> None:
         """Wait until the plugin's pod watch has delivered the pod (or its deletion)."""
         until = time.monotonic() + 10
-        while (self.plugin.service.index.name_of(uid) is None) == present and time.monotonic() < until:
+        while (uid in self.plugin.service.index) != present and time.monotonic() < until:
             time.sleep(0.002)
 
     def get_one(self) -> None:

@@ -3,8 +3,7 @@ gpushare webhook's GPU environment, checked (its Allocate answer: deviceplugin/d
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from contract import RESERVED_ENV
@@ -12,8 +11,8 @@ from contract.env import expected_env, normal_env
 from deviceplugin.errors import PluginError, Refusal
 from deviceplugin.judge import Accepted
 from deviceplugin.settings import PluginSettings
-from node import cdiedits
-from node.cdi import CdiStore, ensure_file, present
+from node.cdi import CdiStore, CdiWriteError
+from node.cdiedits import slot_edits
 
 
 class Deliverer:
@@ -23,9 +22,21 @@ class Deliverer:
 
     def deliver(self, pod: Mapping[str, Any], containers: Sequence[str], accepted: Accepted, units: int) -> None:
         """Give the containers the GPU `accepted` names, or refuse when they would not see it."""
-        if self.settings.contract.delivery == "cdi":
-            self._write_spec(accepted, units)
+        if self.settings.contract.delivery == "env":
+            self._check_env(pod, containers, accepted)
             return
+        edits = slot_edits(accepted.slot, accepted.gpu, units, accepted.intent.total, self.settings.fake_gpu_dir)
+        try:
+            self.cdi.write_edits(edits)
+        except CdiWriteError as exc:
+            directory, setting = ((self.settings.fake_gpu_dir, "GPUSHARE_FAKE_GPU_DIR") if exc.host_file
+                                  else (self.cdi.directory, "GPUSHARE_CDI_DIR"))
+            raise Refusal(
+                f"the CDI spec for pod {accepted.ref} could not be written in {directory} ({exc.cause}); mount that "
+                f"node directory read-write into the plugin ({setting})", reason="GpuShareCdiFailed",
+            ) from exc
+
+    def _check_env(self, pod: Mapping[str, Any], containers: Sequence[str], accepted: Accepted) -> None:
         for name in containers:
             container = find_container(pod, name) or {}
             problems = env_problems(container, accepted.intent.units_of(name), accepted.intent.total)
@@ -48,26 +59,6 @@ class Deliverer:
                 "node's CDI directory read-write into the plugin (GPUSHARE_CDI_DIR)",
             ) from exc
 
-    def _write_spec(self, accepted: Accepted, units: int) -> None:
-        gpu = accepted.gpu
-        gpu_file = ""
-        if gpu.minor is None:  # a fake GPU has no device node: a file naming it shows containers what they got
-            name, text = cdiedits.fake_gpu_file(gpu)
-            gpu_file = _write_file(accepted, self.settings.fake_gpu_dir, "GPUSHARE_FAKE_GPU_DIR",
-                                   lambda: ensure_file(os.path.join(self.settings.fake_gpu_dir, name), text))
-        nodes = cdiedits.device_nodes(gpu, present(cdiedits.CONTROL_DEVICES))
-        spec = cdiedits.cdi_spec(accepted.slot, gpu, nodes, units, accepted.intent.total, gpu_file=gpu_file)
-        _write_file(accepted, self.cdi.directory, "GPUSHARE_CDI_DIR", lambda: self.cdi.write(accepted.slot, spec))
-
-
-def _write_file(accepted: Accepted, directory: str, setting: str, write: Callable[[], str]) -> str:
-    try:
-        return write()
-    except OSError as exc:
-        raise Refusal(
-            f"the CDI spec for pod {accepted.ref} could not be written in {directory} ({exc}); mount that node "
-            f"directory read-write into the plugin ({setting})", reason="GpuShareCdiFailed",
-        ) from exc
 
 def find_container(pod: Mapping[str, Any], name: str) -> Mapping[str, Any] | None:
     spec = pod.get("spec") or {}

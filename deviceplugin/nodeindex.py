@@ -8,11 +8,11 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from contract import pod_ref
+from contract import Intent, pod_ref
 from deviceplugin.offers import Offer, allocation_offer
 from deviceplugin.pins import Pin
 from deviceplugin.trust import Context
-from deviceplugin.usage import Holder, holding_of, legacy_candidate, legacy_usage
+from deviceplugin.usage import Holder, Tally, held_at, holding_of, legacy_candidate, legacy_usage
 
 
 @dataclass(frozen=True)
@@ -45,9 +45,7 @@ class NodeIndex:
         self._entries: dict[str, _Entry] = {}
         self._waiting: dict[int, dict[str, None]] = {}  # units -> pods with a container of that size and no slot
         self._holding: dict[tuple[int, str], dict[str, None]] = {}  # (units, slot) -> pods holding it
-        self._on_gpu: dict[int, dict[str, Holder]] = {}  # GPU index -> pod uid -> what it holds there
-        self._units: dict[int, int] = {}  # GPU index -> the units of _on_gpu there
-        self._counted: dict[str, int] = {}  # pod uid -> the GPU index it is counted on
+        self._tally = Tally()  # what believed pods hold on each GPU
         self._legacy: dict[str, Mapping[str, Any]] = {}  # pod uid -> a pod counted from the checkpoint
 
     # -- fed by the watch ------------------------------------------------------------------------------
@@ -91,7 +89,7 @@ class NodeIndex:
                 table = self._waiting.setdefault(units, {}) if slot is None else self._holding.setdefault(
                     (units, slot), {})
                 table[uid] = None
-            self._count(uid, held)
+            self._tally.recount(uid, held)
             if legacy:
                 self._legacy[uid] = pod
 
@@ -100,10 +98,20 @@ class NodeIndex:
             self._drop(uid)
 
     def pin(self, uid: str, pin: Pin) -> None:
-        """Pin the pod to the GPU it was allocated (a pin once held stays: deviceplugin/pins.py) and count its units
-        there."""
+        """Pin the pod to the GPU its allocation record names (a pin once held stays: deviceplugin/pins.py) and count
+        its units there."""
         self.ctx.pins.hold(uid, pin)
         self.repin(uid)
+
+    def record(self, uid: str, pin: Pin, intent: Intent | None) -> None:
+        """PreStartContainer allocated the pod this GPU: pin it (a pin once held stays) and, unless it is counted on
+        the GPU it is pinned to already, count the units of `intent` (just verified on the pod read fresh) there; a
+        pod of the previous device plugin (no intent) is only pinned: the checkpoint counts it."""
+        in_force = self.ctx.pins.hold(uid, pin)
+        with self._lock:
+            entry = self._entries.get(uid)
+            if entry is not None and intent is not None and self._tally.counted_on(uid) != in_force.index:
+                self._tally.recount(uid, held_at(entry.pod, uid, in_force.index, intent, self.ctx))
 
     def keep_pins(self, uids: Collection[str]) -> None:
         """Forget the pins of the pods that are gone (their UIDs never come back)."""
@@ -114,8 +122,7 @@ class NodeIndex:
         with self._lock:
             entry = self._entries.get(uid)
             if entry is not None:
-                self._uncount(uid)
-                self._count(uid, holding_of(entry.pod, uid, self.ctx))
+                self._tally.recount(uid, holding_of(entry.pod, uid, self.ctx))
 
     # -- read by the kubelet's calls -------------------------------------------------------------------
 
@@ -126,7 +133,10 @@ class NodeIndex:
 
     def likely_holders(self, units: int, slot: str, limit: int) -> list[tuple[str, str, str]] | None:
         """(namespace, name, uid) of the pods that may hold these devices: those whose record names the slot
-        first, then those still waiting for devices of this size; None when there are more than `limit`."""
+        first, then those still waiting for devices of this size; None when there are more than `limit`, or while
+        the index is not synced (a pod the watch has not delivered yet may hold them)."""
+        if not self._synced:
+            return None
         with self._lock:
             uids = [*self._holding.get((units, slot), {}), *self._waiting.get(units, {})]
             if len(uids) > limit:
@@ -136,28 +146,21 @@ class NodeIndex:
     def units_on(self, index: int, exclude_uid: str = "") -> int:
         """Units promised on GPU `index`, the pod `exclude_uid` left out: the kept sum, not a count per call."""
         with self._lock:
-            excluded = self._on_gpu.get(index, {}).get(exclude_uid)
-            used = self._units.get(index, 0) - (excluded.units if excluded is not None else 0)
+            used = self._tally.units(index, exclude_uid)
             legacy = self._legacy_except(exclude_uid)
         return used + sum(h.units for h in self._legacy_on(index, legacy))
 
     def holders_on(self, index: int, exclude_uid: str = "") -> list[Holder]:
         """Who holds the units on GPU `index`, the pod `exclude_uid` left out (to word a refusal)."""
         with self._lock:
-            holders = [h for uid, h in self._on_gpu.get(index, {}).items() if uid != exclude_uid]
+            holders = self._tally.holders(index, exclude_uid)
             legacy = self._legacy_except(exclude_uid)
         return holders + self._legacy_on(index, legacy)
 
-    def usage_on(self, index: int, exclude_uid: str = "") -> tuple[int, list[Holder]]:
-        """Units promised on GPU `index` and to whom, the pod `exclude_uid` left out."""
-        holders = self.holders_on(index, exclude_uid)
-        return sum(h.units for h in holders), holders
-
-    def name_of(self, uid: str) -> tuple[str, str] | None:
-        """(namespace, name) of the pod with this UID, if it is on this node."""
+    def __contains__(self, uid: object) -> bool:
+        """Whether the watch has delivered the pod with this UID (and not its deletion)."""
         with self._lock:
-            entry = self._entries.get(uid)
-            return (entry.namespace, entry.name) if entry is not None else None
+            return uid in self._entries
 
     # -- under the lock --------------------------------------------------------------------------------
 
@@ -173,22 +176,8 @@ class NodeIndex:
                 members.pop(uid, None)
                 if not members:
                     del table[key]
-        self._uncount(uid)
+        self._tally.uncount(uid)
         self._legacy.pop(uid, None)
-
-    def _count(self, uid: str, held: tuple[int, Holder] | None) -> None:
-        if held is not None:  # the pin first, else IDX; believed pods only
-            index, holder = held
-            self._on_gpu.setdefault(index, {})[uid] = holder
-            self._units[index] = self._units.get(index, 0) + holder.units
-            self._counted[uid] = index
-
-    def _uncount(self, uid: str) -> None:
-        index = self._counted.pop(uid, None)
-        if index is not None:
-            holder = self._on_gpu.get(index, {}).pop(uid, None)
-            if holder is not None:
-                self._units[index] -= holder.units
 
     def _legacy_except(self, exclude_uid: str) -> dict[str, Mapping[str, Any]]:
         return {uid: pod for uid, pod in self._legacy.items() if uid != exclude_uid} if self._legacy else {}

@@ -1,5 +1,5 @@
-"""Which pod holds a device-ID set, exactly: PodResources (Get, then List) first, then the kubelet's checkpoint, names
-from the node index or the API server, and that pod read fresh."""
+"""Which pod holds a device-ID set, exactly: PodResources (Get about the pods the node index names, then List) first,
+then the kubelet's checkpoint, names from those pods or the API server, and that pod read fresh."""
 
 from __future__ import annotations
 
@@ -10,17 +10,18 @@ from typing import Any, Protocol
 
 from deviceplugin.apiserver import ApiServer
 from deviceplugin.checkpoint import Checkpoint
-from deviceplugin.devices import slot_of
 from deviceplugin.errors import PluginError, Refusal
 from deviceplugin.kubelet import Holding, KubeletUnavailable
-from deviceplugin.nodeindex import NodeIndex
 from node.apiclient import ApiServerError
 
 log = logging.getLogger(__name__)
 
 # Pods asked about one by one (PodResources Get) before listing the whole node instead: a container starts soon after
 # its pod is admitted, so few pods wait for devices of one size at a time.
-_GET_LIMIT = 4
+GET_LIMIT = 4
+
+# (namespace, name, uid) of a pod that may hold the devices: the node index's likely holders.
+Suspect = tuple[str, str, str]
 
 
 @dataclass(frozen=True)
@@ -88,19 +89,20 @@ def refused(refusal: Refusal) -> PluginError:
 class Owners:
     """Resolves the exact owner of the devices a PreStartContainer names; never a guess."""
 
-    def __init__(self, kubelet: Holdings, api: ApiServer, node_name: str, index: NodeIndex | None = None) -> None:
+    def __init__(self, kubelet: Holdings, api: ApiServer, node_name: str) -> None:
         self.kubelet = kubelet
         self.api = api
         self.node_name = node_name
-        self.index = index
 
-    def owner(self, device_ids: Sequence[str]) -> Owner:
-        asked = self._asked(device_ids)
+    def owner(self, device_ids: Sequence[str], suspects: Sequence[Suspect] | None = None) -> Owner:
+        """The owner of these devices; `suspects` are the pods the node index says may hold them (at most
+        GET_LIMIT), None when it cannot say."""
+        asked = self._asked(device_ids, suspects)
         if asked is not None:
             return asked
         listed = self._listed()
         try:
-            return self._named(find_owner(listed, device_ids))
+            return self._named(find_owner(listed, device_ids), suspects)
         except Refusal as refusal:
             if refusal.reason != "GpuShareUnknownDevices":
                 raise refused(refusal) from refusal
@@ -117,7 +119,7 @@ class Owners:
                 "/var/lib/kubelet/device-plugins into the plugin and check GPUSHARE_KUBELET_CHECKPOINT",
             ) from exc
         try:
-            owner = self._named(find_owner(recorded, device_ids))
+            owner = self._named(find_owner(recorded, device_ids), suspects)
         except Refusal as refusal:
             raise refused(refusal) from refusal
         others = other_holders(listed, device_ids, owner)
@@ -143,14 +145,11 @@ class Owners:
             )
         return pod
 
-    def _asked(self, device_ids: Sequence[str]) -> Owner | None:
-        """The owner found by asking the kubelet about the few pods the index says may hold these devices (a
-        PodResources Get each), or None: then the whole node is listed, as without Get."""
-        if self.index is None or not self.index.synced:
-            return None
-        hints = self.index.likely_holders(len(device_ids), slot_of(device_ids), _GET_LIMIT)
+    def _asked(self, device_ids: Sequence[str], suspects: Sequence[Suspect] | None) -> Owner | None:
+        """The owner found by asking the kubelet about the suspects (a PodResources Get each), or None: then the
+        whole node is listed, as without Get."""
         wanted = frozenset(device_ids)
-        for namespace, name, _ in hints or ():
+        for namespace, name, _ in suspects or ():
             try:
                 held = self.kubelet.pod_holdings(namespace, name)
             except KubeletUnavailable:
@@ -173,13 +172,14 @@ class Owners:
                 "GPUSHARE_POD_RESOURCES_SOCKET",
             ) from exc
 
-    def _named(self, owner: Owner) -> Owner:
-        """The checkpoint knows pod UIDs only: find the pod's name among this node's pods."""
+    def _named(self, owner: Owner, suspects: Sequence[Suspect] | None) -> Owner:
+        """The checkpoint knows pod UIDs only: find the pod's name among the suspects (a pod whose init container
+        starts waits for devices of that size), else among this node's pods."""
         if owner.name:
             return owner
-        known = self.index.name_of(owner.pod_uid) if self.index is not None else None
-        if known is not None:
-            return Owner(known[0], known[1], owner.pod_uid, owner.containers)
+        for namespace, name, uid in suspects or ():
+            if uid == owner.pod_uid:
+                return Owner(namespace, name, uid, owner.containers)
         try:
             match = [p for p in self.api.node_pods() if (p.get("metadata") or {}).get("uid") == owner.pod_uid]
             if not match:

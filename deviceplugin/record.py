@@ -37,7 +37,8 @@ class Records:
             containers = ", ".join(f"{n!r} ({s.units} {unit})" for n, s in verdict.allocation.containers.items())
             self.events.allocated(pod, f"Pod {verdict.ref} runs on GPU {verdict.gpu.index} ({verdict.gpu.uuid}) of "
                                        f"node {ctx.node_name}: containers {containers}.")
-        self.index.pin(str(pod["metadata"].get("uid")), Pin(verdict.gpu.index, verdict.gpu.uuid))
+        intent = verdict.intent if isinstance(verdict, Accepted) else None
+        self.index.record(str(pod["metadata"].get("uid")), Pin(verdict.gpu.index, verdict.gpu.uuid), intent)
 
     def remember_pins(self) -> None:
         """Pin the pods this node's plugin allocated before it (re)started, from their allocation records, and

@@ -29,7 +29,7 @@ from deviceplugin.legacy import LegacyAccepted
 from deviceplugin.metrics import PluginMetrics
 from deviceplugin.nodeindex import NodeIndex
 from deviceplugin.nodeplace import NodePlacer
-from deviceplugin.owners import Holdings, Owner, Owners
+from deviceplugin.owners import GET_LIMIT, Holdings, Owner, Owners
 from deviceplugin.placement import preferred_devices
 from deviceplugin.record import Records
 from deviceplugin.settings import PluginSettings
@@ -71,7 +71,7 @@ class Service:
         # Every refusal and allocation, rate limited per pod and reason, then queued off the kubelet's critical path.
         self.recorder = EventRecorder(self.events.post, self.metrics, TokenBuckets(clock=clock))
         self.candidates = Candidates(api, self.index, self.recorder)
-        self.owners = Owners(kubelet, api, settings.node_name, self.index)
+        self.owners = Owners(kubelet, api, settings.node_name)
         self.placer = NodePlacer(api, inventory, self.context)
         self.deliverer = Deliverer(settings, self.cdi)
         self.records = Records(api, self.index, self.recorder)
@@ -145,7 +145,8 @@ class Service:
 
     def _prestart(self, device_ids: Sequence[str]) -> Accepted | LegacyAccepted:
         self._check_known(device_ids, "PreStartContainer")
-        owner = self.owners.owner(device_ids)
+        suspects = self.index.likely_holders(len(device_ids), slot_of(device_ids), GET_LIMIT)
+        owner = self.owners.owner(device_ids, suspects)
         for _ in range(_PATCH_ATTEMPTS):
             pod = self.owners.pod(owner)
             try:

@@ -126,7 +126,15 @@ def legacy_usage(candidates: Mapping[str, Mapping[str, Any]], ctx: Context) -> d
 
 
 def holding_of(pod: Mapping[str, Any], uid: str, ctx: Context) -> tuple[int, Holder] | None:
-    """(GPU index, what it holds there) for a believed pod of this node that still holds its memory, else None.
+    """(GPU index, what it holds there) for a believed pod of this node that still holds its memory, else None."""
+    if not live_on_node(pod, ctx.node_name):
+        return None
+    promise = promise_of(pod, uid, ctx)
+    return None if promise is None else held_at(pod, uid, *promise, ctx)
+
+
+def held_at(pod: Mapping[str, Any], uid: str, index: int, intent: Intent, ctx: Context) -> tuple[int, Holder] | None:
+    """(index, what the pod holds there) for a live pod of this node whose verified intent is `intent`, else None.
 
     The scheduler extender frees a pod's memory as soon as the pod is deleted (contract/holding.py), so a pod being
     deleted counts only while one of its GPU-share containers may still run: its status shows it running, or this
@@ -134,16 +142,49 @@ def holding_of(pod: Mapping[str, Any], uid: str, ctx: Context) -> tuple[int, Hol
     its status does not show it terminated yet."""
     if not live_on_node(pod, ctx.node_name):
         return None
-    promise = promise_of(pod, uid, ctx)
-    if promise is None:
-        return None
-    index, intent = promise
     leaving = terminating(pod)
     if leaving:
         names = [*intent.containers, *intent.init_containers]
-        if not still_running(pod, names, _delivered(pod, uid, ctx, names)):
+        delivered = _delivered(pod, uid, ctx, names)
+        if not still_running(pod, names, delivered):
             return None
     return index, Holder(pod_ref(pod), intent.total, leaving)
+
+
+class Tally:
+    """The units believed pods hold on each GPU, and their sum, kept as pods are counted and uncounted; the node
+    index keeps one under its own lock."""
+
+    def __init__(self) -> None:
+        self._on_gpu: dict[int, dict[str, Holder]] = {}  # GPU index -> pod uid -> what it holds there
+        self._units: dict[int, int] = {}  # GPU index -> the units of _on_gpu there
+        self._counted: dict[str, int] = {}  # pod uid -> the GPU index it is counted on
+
+    def counted_on(self, uid: str) -> int | None:
+        return self._counted.get(uid)
+
+    def recount(self, uid: str, held: tuple[int, Holder] | None) -> None:
+        """Count the pod where `held` says (the pin first, else IDX; believed pods only), and nowhere else."""
+        self.uncount(uid)
+        if held is not None:
+            index, holder = held
+            self._on_gpu.setdefault(index, {})[uid] = holder
+            self._units[index] = self._units.get(index, 0) + holder.units
+            self._counted[uid] = index
+
+    def uncount(self, uid: str) -> None:
+        index = self._counted.pop(uid, None)
+        if index is not None:
+            holder = self._on_gpu.get(index, {}).pop(uid, None)
+            if holder is not None:
+                self._units[index] -= holder.units
+
+    def units(self, index: int, exclude_uid: str = "") -> int:
+        excluded = self._on_gpu.get(index, {}).get(exclude_uid)
+        return self._units.get(index, 0) - (excluded.units if excluded is not None else 0)
+
+    def holders(self, index: int, exclude_uid: str = "") -> list[Holder]:
+        return [h for uid, h in self._on_gpu.get(index, {}).items() if uid != exclude_uid]
 
 
 def _delivered(pod: Mapping[str, Any], uid: str, ctx: Context, names: Sequence[str]) -> frozenset[str]:

@@ -11,10 +11,23 @@ import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+from node.cdiedits import SlotEdits
+
 log = logging.getLogger(__name__)
 
 PREFIX = "gpushare-"
 _NAME_RE = re.compile(r"^gpushare-([0-9a-f]{16})\.json$")
+
+
+class CdiWriteError(Exception):
+    """A file of a CDI delivery could not be written: `host_file` says whether the fake GPU's host file (else the
+    spec), `directory` where."""
+
+    def __init__(self, directory: str, cause: OSError, *, host_file: bool = False) -> None:
+        super().__init__(str(cause))
+        self.directory = directory
+        self.cause = cause
+        self.host_file = host_file
 
 
 class CdiStore:
@@ -30,6 +43,22 @@ class CdiStore:
         """Write the spec so that a reader sees either the old file or the whole new one: containerd and
         CRI-O refresh the CDI registry right before they inject the device at container creation."""
         return write_atomically(self.path_for(slot), json.dumps(spec, indent=2, sort_keys=True))
+
+    def write_edits(self, edits: SlotEdits) -> str:
+        """Write a slot's edits: the fake GPU's host file first (the spec mounts it), then the spec, listing only the
+        optional control devices that exist on this node (device nodes differ between drivers). Raises
+        CdiWriteError naming the directory that failed."""
+        if edits.host_file is not None:
+            path, text = edits.host_file
+            try:
+                ensure_file(path, text)
+            except OSError as exc:
+                raise CdiWriteError(os.path.dirname(path), exc, host_file=True) from exc
+        missing = {p for p in edits.optional_nodes if not os.path.exists(p)}
+        try:
+            return self.write(edits.slot, _without_nodes(edits.spec, missing) if missing else edits.spec)
+        except OSError as exc:
+            raise CdiWriteError(self.directory, exc) from exc
 
     def read(self, slot: str) -> dict[str, Any] | None:
         try:
@@ -57,6 +86,17 @@ class CdiStore:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path_for(slot))
             log.info("removed the CDI spec of slot %s, whose devices the kubelet no longer assigns", slot)
+
+
+def _without_nodes(spec: Mapping[str, Any], missing: set[str]) -> dict[str, Any]:
+    """The spec with the device nodes at `missing` paths left out of every device's edits."""
+    devices = []
+    for device in spec.get("devices") or []:
+        edits = dict(device.get("containerEdits") or {})
+        if "deviceNodes" in edits:
+            edits["deviceNodes"] = [n for n in edits["deviceNodes"] if n.get("path") not in missing]
+        devices.append({**device, "containerEdits": edits})
+    return {**spec, "devices": devices}
 
 
 def write_atomically(path: str, text: str) -> str:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from contract import ENV_CONTAINER, ENV_DEV, ENV_IDX, ENV_POD, ENV_VISIBLE
@@ -60,3 +62,26 @@ def cdi_spec(
         "kind": CDI_KIND,
         "devices": [{"name": slot, "containerEdits": edits}],
     }
+
+
+@dataclass(frozen=True)
+class SlotEdits:
+    """All that one slot's container gets, decided before anything is written: its CDI spec, the control devices
+    the spec lists that are kept only where the node has them, and a fake GPU's host file (path, text), which must
+    exist before the spec that mounts it."""
+
+    slot: str
+    spec: dict[str, Any]
+    optional_nodes: tuple[str, ...] = ()
+    host_file: tuple[str, str] | None = None
+
+
+def slot_edits(slot: str, gpu: Gpu, container_units: int, pod_units: int, fake_gpu_dir: str) -> SlotEdits:
+    """The edits of the slot's container: a real GPU's device nodes and control devices, or a fake GPU's file in
+    `fake_gpu_dir`, and the env naming the GPU."""
+    if gpu.minor is not None:
+        nodes = device_nodes(gpu, CONTROL_DEVICES)
+        return SlotEdits(slot, cdi_spec(slot, gpu, nodes, container_units, pod_units), CONTROL_DEVICES)
+    name, text = fake_gpu_file(gpu)
+    path = os.path.join(fake_gpu_dir, name)
+    return SlotEdits(slot, cdi_spec(slot, gpu, [], container_units, pod_units, gpu_file=path), host_file=(path, text))

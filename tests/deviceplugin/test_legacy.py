@@ -204,12 +204,12 @@ def test_the_node_index_places_them_as_the_checkpoint_says_at_each_call(
                   checkpoint=lambda: Checkpoint(tuple(entries)))
     index = NodeIndex(ctx)
     index.replace([old(), believed("new", 2, 1, contract, signer)])
-    assert [(i, sorted(str(h) for h in index.usage_on(i)[1])) for i in (0, 1)] == [
+    assert [(i, sorted(str(h) for h in index.holders_on(i))) for i in (0, 1)] == [
         (0, []), (1, ["team/new (2)", "team/old (6)"])]
     entries[:] = [gave("0")]  # the kubelet rewrote its checkpoint
-    assert (index.usage_on(0)[0], index.usage_on(1)[0], index.usage_on(0, exclude_uid="old")[0]) == (6, 2, 0)
+    assert (index.units_on(0), index.units_on(1), index.units_on(0, exclude_uid="old")) == (6, 2, 0)
     index.remove("old")
-    assert index.usage_on(0)[0] == 0
+    assert index.units_on(0) == 0
 
 
 def test_the_metrics_show_the_units_of_the_previous_plugin(

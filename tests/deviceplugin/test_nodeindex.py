@@ -14,6 +14,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from contract import ASSIGNED, Allocation, ContainerSlot, Contract, signing
 from deviceplugin.devices import UnitInventory, slot_of
+from deviceplugin.errors import Refusal
 from deviceplugin.eventqueue import EventQueue
 from deviceplugin.nodeindex import NodeIndex
 from deviceplugin.pins import Pin
@@ -59,6 +60,11 @@ def recorded(pod: dict[str, Any], inventory: UnitInventory, contract: Contract, 
     return out
 
 
+def usage(index: NodeIndex, gpu: int, exclude: str = "") -> tuple[int, list[Holder]]:
+    """What the judge asks of the index: the kept unit total, and who holds them (to word a refusal)."""
+    return index.units_on(gpu, exclude), index.holders_on(gpu, exclude)
+
+
 def shown(usage: tuple[int, list[Holder]]) -> tuple[int, list[str]]:
     return usage[0], [str(h) for h in usage[1]]
 
@@ -77,12 +83,12 @@ def test_the_index_answers_as_the_pod_list_does(inventory: UnitInventory, signer
     assert index.synced
     for gpu in (0, 1):
         for exclude in ("", "uid-a"):
-            assert index.usage_on(gpu, exclude) == node_usage([*pods, forged], ctx, exclude).on(gpu)
-            assert index.units_on(gpu, exclude) == index.usage_on(gpu, exclude)[0]  # the kept sum
-    assert shown(index.usage_on(0)) == (5, ["team/a (2)", "team/b (3)"])
+            assert usage(index, gpu, exclude) == node_usage([*pods, forged], ctx, exclude).on(gpu)
+            assert index.units_on(gpu, exclude) == sum(h.units for h in index.holders_on(gpu, exclude))  # kept sum
+    assert shown(usage(index, 0)) == (5, ["team/a (2)", "team/b (3)"])
     assert [index.has_candidate(units, "s") for units in (1, 2, 3, 4, 5, 6)] == [True, True, True, False, False,
                                                                                   False]
-    assert index.name_of("uid-b") == ("team", "b")
+    assert "uid-b" in index and "uid-gone" not in index
     assert index.likely_holders(2, "s", 4) == [("team", "a", "uid-a")]
 
 
@@ -98,18 +104,41 @@ def test_the_index_follows_changes_deletions_pins_and_a_broken_watch(
     assert not index.has_candidate(2, "other") and index.has_candidate(2, slot)
     assert index.likely_holders(2, slot, 4) == [("team", "a", "uid-a")]
     index.pin("uid-a", Pin(1, inventory.gpus[1].uuid))  # a pinned pod counts where it runs, whatever its IDX says
-    assert (shown(index.usage_on(0)), shown(index.usage_on(1))) == ((0, []), (2, ["team/a (2)"]))
+    assert (shown(usage(index, 0)), shown(usage(index, 1))) == ((0, []), (2, ["team/a (2)"]))
     assert (index.units_on(0), index.units_on(1), index.units_on(1, "uid-a")) == (0, 2, 0)
     index.pin("uid-a", Pin(0, inventory.gpus[0].uuid))  # a pin once held stays
     assert (index.units_on(0), index.units_on(1)) == (0, 2)
     index.upsert(on_node(a, "uid-a", "3", phase="Succeeded"))  # a finished pod holds nothing
-    assert index.usage_on(1) == (0, []) and index.units_on(1) == 0
+    assert usage(index, 1) == (0, []) and index.units_on(1) == 0
     index.remove("uid-a")
-    assert index.name_of("uid-a") is None and not index.has_candidate(2, slot)
+    assert "uid-a" not in index and not index.has_candidate(2, slot)
     index.stale()
     assert not index.synced
     index.replace([])
     assert index.synced
+
+
+def test_recording_an_allocation_pins_the_pod_and_counts_it_once(
+    inventory: UnitInventory, signer: Ed25519PrivateKey, contract: Contract,
+) -> None:
+    """PreStartContainer's record: a pod counted on its GPU already is not counted again; one the index did not count
+    yet (placed by the plugin after the watch delivered it) counts its verified intent where it is pinned; a pod of
+    the previous device plugin (no intent) is only pinned."""
+    ctx = ctx_for(inventory, signer, contract)
+    index = NodeIndex(ctx)
+    placed, unplaced = gpu_pod("a", 2, 0, contract, signer), gpu_pod("b", 3, None, contract, signer)
+    index.replace([placed, unplaced])
+    assert shown(usage(index, 0)) == (2, ["team/a (2)"]) and shown(usage(index, 1)) == (0, [])
+    intent = ctx.verdicts.intent(placed, ctx)
+    assert not isinstance(intent, Refusal)
+    index.record("uid-a", Pin(0, inventory.gpus[0].uuid), intent)
+    assert shown(usage(index, 0)) == (2, ["team/a (2)"]) and ctx.pins.get("uid-a") == Pin(0, inventory.gpus[0].uuid)
+    intent = ctx.verdicts.intent(unplaced, ctx)
+    assert not isinstance(intent, Refusal)
+    index.record("uid-b", Pin(1, inventory.gpus[1].uuid), intent)
+    assert shown(usage(index, 1)) == (3, ["team/b (3)"]) and index.units_on(1) == 3
+    index.record("uid-gone", Pin(1, inventory.gpus[1].uuid), None)
+    assert ctx.pins.get("uid-gone") is not None and index.units_on(1) == 3
 
 
 def deleted(pod: dict[str, Any], version: str, state: str | None) -> dict[str, Any]:
@@ -128,15 +157,15 @@ def test_a_deletion_and_each_container_state_count_the_pod_again(
     index = NodeIndex(ctx)
     running, pulling = gpu_pod("running", 3, 0, contract, signer), gpu_pod("pulling", 4, 0, contract, signer)
     index.replace([running, pulling])
-    assert shown(index.usage_on(0)) == (7, ["team/running (3)", "team/pulling (4)"])
+    assert shown(usage(index, 0)) == (7, ["team/running (3)", "team/pulling (4)"])
     index.upsert(deleted(pulling, "2", None))  # deleted while its image pulls: the extender gave its room away
     index.upsert(deleted(running, "2", "running"))  # deleted while it runs: it holds its room until it stops
-    used, holders = index.usage_on(0)
+    used, holders = usage(index, 0)
     assert (used, [(str(h), h.leaving) for h in holders]) == (3, [("team/running (3)", True)])
     index.upsert(deleted(running, "3", "terminated"))
-    assert index.usage_on(0) == (0, [])
+    assert usage(index, 0) == (0, [])
     index.upsert(deleted(running, "3", "running"))  # the same version again (a relist): not counted again
-    assert index.usage_on(0) == (0, [])
+    assert usage(index, 0) == (0, [])
 
 
 def test_a_pod_version_is_verified_once(inventory: UnitInventory, signer: Ed25519PrivateKey, contract: Contract,
@@ -156,7 +185,7 @@ def test_a_pod_version_is_verified_once(inventory: UnitInventory, signer: Ed2551
     index.replace(pods)  # the watch relisting: the same versions
     for _ in range(10):
         index.has_candidate(1, "s")
-        index.usage_on(0)
+        usage(index, 0)
     assert len(calls) == 5
 
 

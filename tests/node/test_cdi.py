@@ -5,8 +5,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 from node import cdiedits
-from node.cdi import CdiStore, ensure_file
+from node.cdi import CdiStore, CdiWriteError, ensure_file
 from node.inventory import Gpu
 
 
@@ -61,3 +63,29 @@ def test_a_fake_gpus_file_keeps_its_inode_while_its_text_is_right(tmp_path: Path
     ensure_file(path, "index=1\n")
     assert Path(path).read_text() == "index=1\n" and os.stat(path).st_ino != inode
     assert os.listdir(tmp_path / "fake-gpus") == ["GPU-0000.txt"]
+
+
+def test_a_slots_edits_are_decided_first_and_written_in_one_call(tmp_path: Path) -> None:
+    """The spec lists a real GPU's control devices only where the node has them; a fake GPU's host file is written
+    before the spec that mounts it; a failed write names the directory and which file it was."""
+    real = Gpu(1, "GPU-1111", 80, minor=3)
+    assert cdiedits.slot_edits("0123456789abcdef", real, 2, 4, "/fake").optional_nodes == cdiedits.CONTROL_DEVICES
+    present, absent = tmp_path / "nvidiactl", tmp_path / "nvidia-uvm"
+    present.write_text("")
+    spec = cdiedits.cdi_spec("0123456789abcdef", real, ["/dev/nvidia3", str(present), str(absent)], 2, 4)
+    store = CdiStore(str(tmp_path / "cdi"))
+    store.write_edits(cdiedits.SlotEdits("0123456789abcdef", spec, (str(present), str(absent))))
+    written = store.read("0123456789abcdef")
+    assert written is not None
+    assert written["devices"][0]["containerEdits"]["deviceNodes"] == [{"path": "/dev/nvidia3"}, {"path": str(present)}]
+    fake = cdiedits.slot_edits("fedcba9876543210", Gpu(0, "GPU-0000", 8), 1, 1, str(tmp_path / "fake"))
+    assert fake.host_file == (str(tmp_path / "fake" / "GPU-0000.txt"), "index=0\nuuid=GPU-0000\n")
+    store.write_edits(fake)
+    mount = store.read("fedcba9876543210")["devices"][0]["containerEdits"]["mounts"][0]  # type: ignore[index]
+    assert Path(mount["hostPath"]).read_text() == "index=0\nuuid=GPU-0000\n"
+    (tmp_path / "blocked").write_text("a file, not a directory")
+    for edits, host_file in ((fake, False), (cdiedits.slot_edits("fedcba9876543210", Gpu(0, "GPU-0000", 8), 1, 1,
+                                                                 str(tmp_path / "blocked")), True)):
+        with pytest.raises(CdiWriteError) as raised:
+            CdiStore(str(tmp_path / "blocked" / "cdi") if not host_file else str(tmp_path / "cdi")).write_edits(edits)
+        assert raised.value.host_file is host_file and isinstance(raised.value.cause, OSError)

@@ -171,7 +171,7 @@ class Cluster:
         self.start_kubelet()
         kubectl = self.kubectl()
         self.procs.wait_ready("kubelet", lambda: _node_ready(kubectl, s.node_name), 120, "a Ready node")
-        self._kube_proxy()
+        self.start_kube_proxy()
 
     def _pod_network(self) -> None:
         """The bridge, and the API server reachable from pods through the `kubernetes` Service (e2e.podnet)."""
@@ -184,7 +184,7 @@ class Cluster:
         for doc in podnet.api_endpoints(s):
             kubectl.ok(["apply", "-f", "-"], stdin=json.dumps(doc))
 
-    def _kube_proxy(self) -> None:
+    def start_kube_proxy(self) -> None:
         """Started once the node exists: it reads the node's addresses first (and waits 30 s for a missing one)."""
         s = self.settings
         binary = self.toolchain.kube("kube-proxy")
@@ -196,6 +196,16 @@ class Cluster:
 
     def start_kubelet(self) -> None:
         self.procs.start("kubelet", self.kubelet_argv, env=node.containerd_env(self.toolchain))
+
+    def kube_proxy_after_node_deleted(self) -> None:
+        """kube-proxy exits when its Node is deleted (pkg/proxy/node.go, NodeManager.OnNodeDelete: exitFunc(1)),
+        leaving its rules as they were: no Service made after that is routed. On a real node its DaemonSet or its
+        unit starts it again; the tier does the same, once the kubelet has registered the Node again."""
+        proc = self.procs.procs.get("kube-proxy")
+        if proc is not None and proc.alive():
+            return
+        self.procs.stop("kube-proxy")
+        self.start_kube_proxy()
 
     def _gpushare(self) -> None:
         s, kubectl = self.settings, self.kubectl()

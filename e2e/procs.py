@@ -121,6 +121,11 @@ class Processes:
                 proc.process.wait(timeout=1)
             self._save()
 
+    def exited(self) -> dict[str, str]:
+        """The processes that ended without being stopped: each one's exit status and the end of its log."""
+        return {name: f"exited with status {proc.process.returncode}; its log ends:\n{log_tail(proc.log, 15)}"
+                for name, proc in self.procs.items() if not proc.alive()}
+
     def stop_all(self) -> None:
         for name in reversed(list(self.procs)):
             self.stop(name, grace=5.0 if name != "kubelet" else 10.0)

@@ -35,6 +35,17 @@ def cluster(releases: built.Releases) -> Iterator[Cluster]:
     yield from running_cluster("install tier", host_gpushare=False, make=releases.cluster)
 
 
+@pytest.fixture(autouse=True)
+def cluster_processes_stay_up(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After each test, every process of the cluster still runs: a test that ends one (kube-proxy exits when its
+    Node is deleted) fails itself, not the tests after it that find a Service unrouted."""
+    yield
+    cluster = request.node.funcargs.get("cluster")
+    if isinstance(cluster, Cluster):
+        exited = cluster.procs.exited()
+        assert not exited, f"cluster processes ended during this test: {exited}"
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:

@@ -234,6 +234,7 @@ def test_a_deleted_node_takes_its_slices_and_the_driver_publishes_for_the_node_r
     installed.procs.stop("kubelet")
     installed.start_kubelet()
     w.wait("the Node registered again", lambda: _node_uid(kubectl, name) not in (None, uid), 120, 1)
+    installed.kube_proxy_after_node_deleted()
     kubectl.ok(["label", "node", name, DRA_NODE_LABEL, "--overwrite"])
     new_uid = _node_uid(kubectl, name)
     assert new_uid is not None and new_uid != uid

@@ -39,13 +39,14 @@ class Reader(asyncio.StreamReader):
 class Conn:
     """One connection: its task, and what closing it to make room for another needs."""
 
-    __slots__ = ("reader", "served", "task", "writer")
+    __slots__ = ("reader", "secured_at", "served", "task", "writer")
 
     def __init__(self, reader: Reader, writer: asyncio.StreamWriter) -> None:
         self.reader = reader
         self.writer = writer
         self.task: asyncio.Task[None] | None = None
         self.served = 0  # requests answered
+        self.secured_at: float | None = None  # the loop's time when its TLS handshake finished
 
     def pending(self) -> bool:
         """Whether the next request has started to arrive: in the reader, or unread in the kernel (TLS records)."""
@@ -109,6 +110,16 @@ class Connections:
 
     def mark(self, conn: Conn, state: State) -> None:
         self.ledger.mark(conn, state)
+
+    def quiet(self, secured_before: float) -> list[Conn]:
+        """The connections a stopping process resets now: kept alive after an answer with nothing arriving, or never
+        used since a handshake that finished before `secured_before` (a client that dialled for a request writes it
+        at once, and a fresh connection closed under it fails unretried: Go's Transport retries only on a reused
+        one, shouldRetryRequest). A reset, as in admit, makes the API server's client retry on a new connection."""
+        return [conn for conn, state in self.ledger.states()
+                if (state is State.IDLE or (state is State.UNFINISHED and conn.served == 0
+                                             and conn.secured_at is not None and conn.secured_at < secured_before))
+                and not conn.pending()]
 
     def remove(self, conn: Conn) -> None:
         self.ledger.remove(conn)

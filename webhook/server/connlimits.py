@@ -66,6 +66,10 @@ class Ledger(Generic[C]):
     def total(self) -> int:
         return len(self._conns)
 
+    def states(self) -> list[tuple[C, State]]:
+        """Every connection with its state."""
+        return [(conn, state) for conn, (_, state) in self._conns.items()]
+
     def count(self, client: str) -> int:
         held = self._clients.get(client)
         return held.count if held else 0

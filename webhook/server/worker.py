@@ -48,6 +48,8 @@ _TURN = 0.005
 _OUTSIDERS_PER_WAKE = 256
 # After the process ran out of file descriptors (or memory) for a new connection, it accepts again this much later.
 _ACCEPT_PAUSE = 1.0
+# A stopping process waits this long after a connection's handshake for its first request (_drain).
+_FRESH = 1.0
 # At most this much of a refused, unread body is read and dropped before the connection closes.
 LINGER_BYTES = 64 * 1024 * 1024
 # asyncio gives every TLS connection a zeroed 256 KiB read buffer (1,000 idle ones held 280 MiB of a process); a TLS
@@ -140,9 +142,21 @@ class WebhookWorker(base.Worker):  # type: ignore[misc]  # gunicorn ships no typ
             await asyncio.sleep(1.0)
         for sock in listeners:
             self.loop.remove_reader(sock.fileno())
+        await self._drain()
+
+    async def _drain(self) -> None:
+        """Stop without failing a call (SIGTERM; gunicorn's reload on SIGHUP replaces every worker this way): each
+        request already arriving is answered, with `Connection: close`, and each connection with none is reset
+        (Connections.quiet), so the API server sends its next call on a new connection, which the listening
+        socket gives to a process still serving. Closing kept-alive connections at once (a FIN) failed a pod's
+        creation during a reload: a POST written on one after the FIN reads EOF and is not retried. Bounded by
+        graceful_timeout; a quick exit (SIGINT, SIGQUIT) closes every connection at once."""
         deadline = time.monotonic() + (0 if self.quick_exit else self.cfg.graceful_timeout)
-        while self.busy and time.monotonic() < deadline:  # answers already being computed go out
+        while (self.busy or self.connections or self._attaching) and time.monotonic() < deadline:
             self.notify()
+            for conn in self.conns.quiet(self.loop.time() - _FRESH):
+                conn.evict()
+                self.conns.remove(conn)
             await asyncio.sleep(0.05)
         for task in list(self.connections):
             task.cancel()
@@ -233,6 +247,7 @@ class WebhookWorker(base.Worker):  # type: ignore[misc]  # gunicorn ships no typ
         graceful = secured = False
         try:
             secured = await self._handshake(writer, client)
+            conn.secured_at = self.loop.time()
             graceful = secured and await self._exchange(conn, client)
         except asyncio.CancelledError:
             pass  # the worker is stopping, or the connection gave way to another (webhook/server/connections.py)
@@ -277,7 +292,7 @@ class WebhookWorker(base.Worker):  # type: ignore[misc]  # gunicorn ships no typ
         # its next: Go's Transport pools connections it dialed but did not use (queueForDial, tryPutIdleConn), and
         # closing them at the read deadline cost handshakes and a failed POST (bench/bench_apiserver_client.py).
         reading = functools.partial(self.conns.mark, conn, State.UNFINISHED)
-        while self.alive:
+        while True:  # a stopping process answers what arrives, and resets the connection when nothing does (_drain)
             try:
                 req = await http1.read_request(reader, writer, self.limits, first=False, started=reading)
             except http1.Stalled as exc:
@@ -302,7 +317,6 @@ class WebhookWorker(base.Worker):  # type: ignore[misc]  # gunicorn ships no typ
                 return True
             reader.fed = False  # from here until the next request's first byte, the connection is idle
             self.conns.mark(conn, State.IDLE)
-        return True
 
     async def _linger(self, reader: asyncio.StreamReader) -> None:
         """Read and drop what the client still sends of a body we refused unread (bounded in bytes and time):

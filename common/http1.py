@@ -250,3 +250,22 @@ def plain(status: str, message: str) -> bytes:
     """A one-line text answer the front gives itself (a request it could not frame), closing the connection."""
     body = (message + "\n").encode()
     return response(status, [("Content-Type", "text/plain; charset=utf-8")], body, keep_alive=False, head=False)
+
+
+# At most this much of a refused, unread body is read and dropped before the connection closes.
+LINGER_BYTES = 64 * 1024 * 1024
+
+
+async def linger(reader: asyncio.StreamReader, deadline: float) -> None:
+    """Read and drop what the client still sends of a body refused unread (bounded in bytes and time): closing a
+    socket with unread data resets the connection, and the client would lose its answer."""
+    dropped = 0
+    try:
+        async with asyncio.timeout(deadline):
+            while dropped < LINGER_BYTES:
+                chunk = await reader.read(65536)
+                if not chunk:
+                    return
+                dropped += len(chunk)
+    except (TimeoutError, OSError, EOFError, asyncio.IncompleteReadError):
+        return

@@ -50,8 +50,6 @@ _OUTSIDERS_PER_WAKE = 256
 _ACCEPT_PAUSE = 1.0
 # A stopping process waits this long after a connection's handshake for its first request (_drain).
 _FRESH = 1.0
-# At most this much of a refused, unread body is read and dropped before the connection closes.
-LINGER_BYTES = 64 * 1024 * 1024
 # asyncio gives every TLS connection a zeroed 256 KiB read buffer (1,000 idle ones held 280 MiB of a process); a TLS
 # record is at most 16 KiB (RFC 8446 5.1) plus its header and tag, so 32 KiB reads any one whole.
 TLS_READ_BUFFER = 32 * 1024
@@ -313,24 +311,10 @@ class WebhookWorker(base.Worker):  # type: ignore[misc]  # gunicorn ships no typ
             self.wire.request(req.path, self.loop.time() - req.started)
             if not keep_alive:
                 if req.content_length > len(req.body):
-                    await self._linger(reader)
+                    await http1.linger(reader, self.limits.read_deadline)
                 return True
             reader.fed = False  # from here until the next request's first byte, the connection is idle
             self.conns.mark(conn, State.IDLE)
-
-    async def _linger(self, reader: asyncio.StreamReader) -> None:
-        """Read and drop what the client still sends of a body we refused unread (bounded in bytes and time):
-        closing a socket with unread data resets the connection, and the client would lose its answer."""
-        dropped = 0
-        try:
-            async with asyncio.timeout(self.limits.read_deadline):
-                while dropped < LINGER_BYTES:
-                    chunk = await reader.read(65536)
-                    if not chunk:
-                        return
-                    dropped += len(chunk)
-        except (TimeoutError, *_ERRORS):
-            return
 
     async def _answer(self, req: http1.Request, env: dict[str, Any], keep_alive: bool) -> bytes:
         self.busy += 1

@@ -20,15 +20,13 @@ from contract import (
     assignment_problems,
     parse_allocation,
     parse_assignment,
-    pod_ref,
     read_annotations,
 )
-from contract.holding import terminating
 from deviceplugin.devices import slot_of
 from deviceplugin.errors import Refusal
-from deviceplugin.legacy import LegacyAccepted, legacy_restart
+from deviceplugin.evidence import LegacyAccepted, Trusted
 from deviceplugin.pins import Pin
-from deviceplugin.trust import Context, stamped_intent
+from deviceplugin.trust import Context
 from deviceplugin.usage import Holder, node_usage
 from node.inventory import Gpu
 
@@ -118,24 +116,15 @@ class Load(Protocol):
 
 
 def validate(
-    pod: Mapping[str, Any], containers: Sequence[str], device_ids: Sequence[str], ctx: Context,
-    others: Sequence[Mapping[str, Any]] = (), *, load: Load | None = None,
-) -> Verdict:
-    """Accept the pod holding these devices only if it is not being deleted, and its stamped, signed intent and its
-    assignment hold up; a pod without an intent, from before the webhook, only as deviceplugin/legacy.py says.
+    belief: Trusted, pod: Mapping[str, Any], containers: Sequence[str], device_ids: Sequence[str], ctx: Context, *,
+    others: Sequence[Mapping[str, Any]] = (), load: Load | None = None,
+) -> Accepted | NeedsPlacement:
+    """Accept the pod holding these devices, whose word deviceplugin/evidence.py took (`belief`), only if its
+    assignment holds up, its GPU has room and it never moves; place it first where this node places pods.
 
     The room on the GPU is asked of `load` (the node index) when given, else judged over `others` (this node's
     pods)."""
-    ref = pod_ref(pod)
-    who = f"pod {ref} (container {', '.join(repr(c) for c in containers)})"
-    node = (pod.get("spec") or {}).get("nodeName")
-    if node != ctx.node_name:
-        raise Refusal(f"{who} is bound to node {node!r}, not to this node {ctx.node_name!r}; restart the kubelet")
-    if terminating(pod):
-        raise deleting_refusal(who, ctx)
-    if ctx.contract.intent_key not in read_annotations(pod):
-        return legacy_restart(pod, containers, device_ids, ctx, who)  # a pod from before the webhook
-    intent = stamped_intent(pod, ctx, who)
+    ref, who, intent = belief.ref, belief.who, belief.intent
     _check_units(intent, containers, len(device_ids), ctx, who)
     annotations = read_annotations(pod)
     try:
@@ -202,21 +191,6 @@ def moved(pin: Pin, index: int | None, uuid: str | None, who: str, node: str) ->
         f"{who} was allocated GPU {pin.index} ({pin.uuid}) of node {node}, but its {IDX} annotation or allocation "
         f"record now {now}; a pod never moves to another GPU once allocated, so the container is not started; "
         f"set {IDX} and the allocation record back to GPU {pin.index}, or delete the pod and create it again"
-    )
-
-
-def deleting_refusal(who: str, ctx: Context) -> Refusal:
-    """A container of a pod being deleted is never started: the kubelet may still start one whose image pull went on
-    after the deletion, and the memory the pod was given already counts as free."""
-    if ctx.placement == "extender":
-        freed = ("the scheduler extender counts a deleted pod's GPU memory as free at once and may have placed another "
-                 "pod there")
-    else:
-        freed = "this node's plugin counts a deleted pod's GPU memory as free once none of its GPU containers runs"
-    return Refusal(
-        f"{who} is being deleted, so the container is not started: {freed}, and starting it could put more on the GPU "
-        "than it holds; nothing to do, the pod goes away by itself",
-        reason="GpuSharePodDeleting",
     )
 
 

@@ -10,8 +10,8 @@ from typing import Any
 
 from deviceplugin.apiserver import ApiServer
 from deviceplugin.events import EventRecorder
+from deviceplugin.evidence import LegacyAccepted
 from deviceplugin.judge import Accepted
-from deviceplugin.legacy import LegacyAccepted
 from deviceplugin.nodeindex import NodeIndex
 from deviceplugin.pins import Pin
 from deviceplugin.usage import recorded_pin

@@ -23,13 +23,13 @@ from deviceplugin.devices import UnitInventory, slot_of
 from deviceplugin.errors import PluginError, Refusal
 from deviceplugin.eventqueue import EventQueue
 from deviceplugin.events import EventRecorder, TokenBuckets
+from deviceplugin.evidence import LegacyAccepted, believe
 from deviceplugin.judge import Accepted, NeedsPlacement, Verdict, validate
 from deviceplugin.kubelet import KubeletUnavailable
-from deviceplugin.legacy import LegacyAccepted
 from deviceplugin.metrics import PluginMetrics
 from deviceplugin.nodeindex import NodeIndex
 from deviceplugin.nodeplace import NodePlacer
-from deviceplugin.owners import GET_LIMIT, Holdings, Owner, Owners
+from deviceplugin.owners import GET_LIMIT, Holdings, Owners
 from deviceplugin.placement import preferred_devices
 from deviceplugin.record import Records
 from deviceplugin.settings import PluginSettings
@@ -150,7 +150,19 @@ class Service:
         for _ in range(_PATCH_ATTEMPTS):
             pod = self.owners.pod(owner)
             try:
-                verdict = self._judge(pod, owner, device_ids)
+                belief = believe(pod, owner.containers, device_ids, self.context)
+                verdict: Verdict
+                if isinstance(belief, LegacyAccepted):
+                    verdict = belief
+                else:
+                    try:
+                        verdict = validate(belief, pod, owner.containers, device_ids, self.context, **self._load())
+                    except Refusal as refusal:
+                        if refusal.reason != "GpuShareNoRoom":
+                            raise
+                        # The watch cache may still list pods that are gone: the room judged on a fresh list first.
+                        verdict = validate(belief, pod, owner.containers, device_ids, self.context,
+                                           others=self.api.list_node_pods())
                 if isinstance(verdict, NeedsPlacement):
                     self.placer.place(pod, verdict.intent)
                     continue  # judged again on the pod as placed
@@ -178,16 +190,9 @@ class Service:
             "retries the container start",
         )
 
-    def _judge(self, pod: Mapping[str, Any], owner: Owner, device_ids: Sequence[str]) -> Verdict:
-        try:
-            if self.index.synced:
-                return validate(pod, owner.containers, device_ids, self.context, load=self.index)
-            return validate(pod, owner.containers, device_ids, self.context, self.api.node_pods())
-        except Refusal as refusal:
-            if refusal.reason != "GpuShareNoRoom":
-                raise
-        # The watch cache may still list pods that are gone: judge the room on a fresh list before refusing.
-        return validate(pod, owner.containers, device_ids, self.context, self.api.list_node_pods())
+    def _load(self) -> dict[str, Any]:
+        """What judges the room on a GPU: the node index once synced, else this node's pods from the watch cache."""
+        return {"load": self.index} if self.index.synced else {"others": self.api.node_pods()}
 
     def _post_event(self, pod: Mapping[str, Any], event_type: str, reason: str, message: str) -> None:
         """The queue's thread: the kubelet's call was answered without waiting for the API server."""

@@ -81,7 +81,7 @@ class Context:
     pins: Pins = field(default_factory=Pins, compare=False)
     verdicts: Verdicts = field(default_factory=Verdicts, compare=False)
     # The kubelet's device checkpoint as of now (the adapter reads it again when the kubelet rewrites it): what the
-    # pods of a previous device plugin hold, and what it gave them (deviceplugin/legacy.py).
+    # pods of a previous device plugin hold, and what it gave them (deviceplugin/evidence.py).
     checkpoint: Callable[[], Checkpoint] = field(default=Checkpoint, compare=False)
 
 

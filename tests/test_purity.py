@@ -45,7 +45,7 @@ PURE = [
     "deviceplugin.judge",
     "deviceplugin.offers",
     "deviceplugin.checkpoint",
-    "deviceplugin.legacy",
+    "deviceplugin.evidence",
     "deviceplugin.blame",
     "deviceplugin.trust",
     "deviceplugin.errors",

@@ -14,12 +14,13 @@ from contract import ASSIGNED, DEV, IDX, POD, Contract, parse_allocation, signin
 from contract.modes import Placement
 from deviceplugin.devices import UnitInventory, slot_of
 from deviceplugin.errors import Refusal
-from deviceplugin.judge import Accepted, NeedsPlacement, validate
+from deviceplugin.judge import Accepted, NeedsPlacement
 from deviceplugin.offers import allocation_candidates
 from deviceplugin.placement import best_fit, preferred_devices
 from deviceplugin.trust import Context
 from node.inventory import Gpu
 from tests.harness.plugin.fakes import NODE
+from tests.harness.plugin.judged import judged
 from tests.harness.pods import admitted, assigned, unit_pod
 
 IDS = [f"GPU-x-_-{n}" for n in range(4)]
@@ -127,7 +128,7 @@ def test_refusals_name_the_pod_and_the_fix(
     pod = good_pod(contract, signer)
     edit(pod)
     with pytest.raises(Refusal) as caught:
-        validate(pod, ["main"], IDS, ctx_for(inventory, signer, contract), [])
+        judged(pod, ["main"], IDS, ctx_for(inventory, signer, contract), [])
     assert caught.value.reason == reason
     assert text in caught.value.message
     assert "'main'" in caught.value.message and "/p" in caught.value.message
@@ -137,13 +138,13 @@ def test_container_holding_other_than_its_intent_is_refused(
     inventory: UnitInventory, signer: Ed25519PrivateKey, contract: Contract
 ) -> None:
     with pytest.raises(Refusal, match="holds 3 GiB of devices but its intent asks for 4 GiB"):
-        validate(good_pod(contract, signer), ["main"], IDS[:3], ctx_for(inventory, signer, contract), [])
+        judged(good_pod(contract, signer), ["main"], IDS[:3], ctx_for(inventory, signer, contract), [])
 
 
 def test_unhealthy_gpu_is_refused(inventory: UnitInventory, signer: Ed25519PrivateKey, contract: Contract) -> None:
     inventory.set_health(0, False)
     with pytest.raises(Refusal, match="unhealthy"):
-        validate(good_pod(contract, signer), ["main"], IDS, ctx_for(inventory, signer, contract), [])
+        judged(good_pod(contract, signer), ["main"], IDS, ctx_for(inventory, signer, contract), [])
 
 
 def test_gpu_without_room_is_refused(inventory: UnitInventory, signer: Ed25519PrivateKey, contract: Contract) -> None:
@@ -154,10 +155,10 @@ def test_gpu_without_room_is_refused(inventory: UnitInventory, signer: Ed25519Pr
     finished["status"]["phase"] = "Succeeded"  # holds nothing any more
     elsewhere = bound(assigned(admitted(unit_pod("far", {"main": 8}), contract, signer), 0, 8), node="node-b", uid="f")
     with pytest.raises(Refusal, match="6 of its 8 GiB are already promised to team/o0 \\(3\\), team/o1 \\(3\\)"):
-        validate(good_pod(contract, signer), ["main"], IDS, ctx_for(inventory, signer, contract),
+        judged(good_pod(contract, signer), ["main"], IDS, ctx_for(inventory, signer, contract),
                  [*others, finished, elsewhere])
     # One neighbour of 3 leaves room for 4.
-    verdict = validate(good_pod(contract, signer), ["main"], IDS, ctx_for(inventory, signer, contract), others[:1])
+    verdict = judged(good_pod(contract, signer), ["main"], IDS, ctx_for(inventory, signer, contract), others[:1])
     assert isinstance(verdict, Accepted)
 
 
@@ -173,7 +174,7 @@ def test_a_pod_being_deleted_is_not_started(
     inventory: UnitInventory, signer: Ed25519PrivateKey, contract: Contract, placement: Placement
 ) -> None:
     with pytest.raises(Refusal) as caught:
-        validate(deleted(good_pod(contract, signer)), ["main"], IDS, ctx_for(inventory, signer, contract, placement),
+        judged(deleted(good_pod(contract, signer)), ["main"], IDS, ctx_for(inventory, signer, contract, placement),
                  [])
     assert caught.value.reason == "GpuSharePodDeleting"
     assert "pod team/p (container 'main') is being deleted, so the container is not started" in caught.value.message
@@ -187,21 +188,21 @@ def test_pods_being_deleted_hold_room_only_while_they_run(
 
     ctx = ctx_for(inventory, signer, contract)
     pulling = deleted(other("pulling", 6))  # the extender gave its room away; it never started a container
-    assert isinstance(validate(good_pod(contract, signer), ["main"], IDS, ctx, [pulling]), Accepted)
+    assert isinstance(judged(good_pod(contract, signer), ["main"], IDS, ctx, [pulling]), Accepted)
     running = deleted(other("running", 6), main="running")
     with pytest.raises(Refusal) as caught:
-        validate(good_pod(contract, signer), ["main"], IDS, ctx, [running])
+        judged(good_pod(contract, signer), ["main"], IDS, ctx, [running])
     assert caught.value.reason == "GpuShareNoRoom"
     assert "6 GiB of them by the pod team/running (6), which is being deleted" in caught.value.message
     assert caught.value.message.endswith("nothing to do")
     stopped = deleted(other("running", 6), main="terminated")
-    assert isinstance(validate(good_pod(contract, signer), ["main"], IDS, ctx, [stopped]), Accepted)
+    assert isinstance(judged(good_pod(contract, signer), ["main"], IDS, ctx, [stopped]), Accepted)
 
 
 def test_node_placement_asks_for_a_gpu(inventory: UnitInventory, signer: Ed25519PrivateKey, contract: Contract) -> None:
     pod = good_pod(contract, signer)
     not_placed(pod)
-    verdict = validate(pod, ["main"], IDS, ctx_for(inventory, signer, contract, "node"), [])
+    verdict = judged(pod, ["main"], IDS, ctx_for(inventory, signer, contract, "node"), [])
     assert isinstance(verdict, NeedsPlacement) and verdict.intent.total == 4
 
 
@@ -210,13 +211,13 @@ def test_accepted_records_and_is_idempotent(
 ) -> None:
     pod = bound(assigned(admitted(unit_pod("p", {"a": 2, "b": 3}, init={"setup": 2}), contract, signer), 1, 8))
     ctx = ctx_for(inventory, signer, contract)
-    first = validate(pod, ["setup", "a"], IDS[:2], ctx, [pod])
+    first = judged(pod, ["setup", "a"], IDS[:2], ctx, [pod])
     assert isinstance(first, Accepted)
     assert first.gpu.index == 1 and first.patch[ASSIGNED] == "true"
     _annotations(pod).update(first.patch)
-    again = validate(pod, ["setup", "a"], IDS[:2], ctx, [pod])
+    again = judged(pod, ["setup", "a"], IDS[:2], ctx, [pod])
     assert isinstance(again, Accepted) and again.patch == {}
-    second = validate(pod, ["b"], IDS[:3], ctx, [pod])
+    second = judged(pod, ["b"], IDS[:3], ctx, [pod])
     assert isinstance(second, Accepted)
     record = parse_allocation(second.patch["gpushare.io/allocation"])
     assert record.gpu_uuid == inventory.gpus[1].uuid and record.node == NODE
@@ -279,7 +280,7 @@ def test_allocation_candidates(inventory: UnitInventory, signer: Ed25519PrivateK
     assert allocation_candidates(pods, 3, "s", ctx_for(inventory, signer, contract, "node"))[0] == ["team/free"]
     assert allocation_candidates(pods, 5, "s", ctx) == ([], [])
     # A container already recorded with another slot holds devices: not a candidate; its own slot is.
-    verdict = validate(ok, ["main"], IDS, ctx, [])
+    verdict = judged(ok, ["main"], IDS, ctx, [])
     assert isinstance(verdict, Accepted)
     _annotations(ok).update(verdict.patch)
     assert allocation_candidates([ok], 4, "other-slot", ctx)[0] == []

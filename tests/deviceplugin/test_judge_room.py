@@ -8,7 +8,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from contract import Contract
 from contract.modes import Placement
-from deviceplugin.judge import deleting_refusal, room_refusal
+from deviceplugin.evidence import deleting_refusal
+from deviceplugin.judge import room_refusal
 from deviceplugin.trust import Context
 from deviceplugin.usage import Holder
 from node.inventory import Gpu

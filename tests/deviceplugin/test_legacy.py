@@ -13,14 +13,15 @@ from contract import IDX, Contract, signing
 from deviceplugin.checkpoint import Checkpoint, Entry
 from deviceplugin.devices import UnitInventory
 from deviceplugin.errors import PluginError, Refusal
-from deviceplugin.judge import Accepted, validate
-from deviceplugin.legacy import LegacyAccepted
+from deviceplugin.evidence import LegacyAccepted
+from deviceplugin.judge import Accepted
 from deviceplugin.metrics import units_by_gpu
 from deviceplugin.nodeindex import NodeIndex
 from deviceplugin.pins import Pin
 from deviceplugin.trust import Context
 from deviceplugin.usage import node_usage
 from tests.harness.plugin.fakes import NODE
+from tests.harness.plugin.judged import judged
 from tests.harness.pods import admitted, assigned, unit_pod
 
 IDS = tuple(f"GPU-x-_-{n}" for n in range(6))
@@ -142,16 +143,16 @@ def test_a_pod_of_the_previous_plugin_blocks_the_room_it_uses(
     inventory: UnitInventory, signer: Ed25519PrivateKey, contract: Contract
 ) -> None:
     pod = believed("new", 4, 1, contract, signer)
-    assert isinstance(validate(pod, ["main"], NEW_IDS, ctx_for(inventory, signer, contract), [old()]), Accepted)
+    assert isinstance(judged(pod, ["main"], NEW_IDS, ctx_for(inventory, signer, contract), [old()]), Accepted)
     ctx = ctx_for(inventory, signer, contract, gave("1"))
     with pytest.raises(Refusal) as refused:
-        validate(pod, ["main"], NEW_IDS, ctx, [old()])
+        judged(pod, ["main"], NEW_IDS, ctx, [old()])
     assert refused.value.reason == "GpuShareNoRoom"
     assert "but 6 of its 8 GiB are already promised to team/old (6)" in refused.value.message
     # Its IDX names GPU 0 while the checkpoint puts it on GPU 1: the extender counted it on GPU 0.
     moved = old(index=0)
     with pytest.raises(Refusal) as refused:
-        validate(pod, ["main"], NEW_IDS, ctx, [moved])
+        judged(pod, ["main"], NEW_IDS, ctx, [moved])
     assert "or pods the previous device plugin started on another GPU than their ALIYUN_COM_GPU_MEM_IDX names, " \
            "which it counts there and this plugin counts where the kubelet's checkpoint shows them, such as " \
            "team/old (6))" in refused.value.message
@@ -225,7 +226,7 @@ def test_the_metrics_show_the_units_of_the_previous_plugin(
 def test_it_starts_again_on_its_recorded_gpu(inventory: UnitInventory, signer: Ed25519PrivateKey,
                                              contract: Contract) -> None:
     for visible in ("1", uuid_of(inventory, 1)):
-        verdict = validate(old(), ["main"], IDS, ctx_for(inventory, signer, contract, gave(visible)), [])
+        verdict = judged(old(), ["main"], IDS, ctx_for(inventory, signer, contract, gave(visible)), [])
         assert verdict == LegacyAccepted("team/old", inventory.gpus[1], ("main",))
 
 
@@ -254,7 +255,7 @@ def test_it_is_refused_unless_the_checkpoint_names_its_recorded_gpu(
     if isinstance(index, str):
         pod["metadata"].setdefault("annotations", {})[IDX] = index
     with pytest.raises(Refusal) as refused:
-        validate(pod, ["main"], IDS, ctx_for(inventory, signer, contract, gave(visible)), [])
+        judged(pod, ["main"], IDS, ctx_for(inventory, signer, contract, gave(visible)), [])
     message = refused.value.message
     assert (refused.value.reason, fragment in message) == (reason, True), message
     assert message.startswith("pod team/old (container 'main') ")
@@ -264,7 +265,7 @@ def test_it_is_refused_unless_the_checkpoint_names_its_recorded_gpu(
 def test_what_else_refuses_it(inventory: UnitInventory, signer: Ed25519PrivateKey, contract: Contract) -> None:
     def refusal(ctx: Context, pod: dict[str, Any] | None = None, ids: tuple[str, ...] = IDS) -> Refusal:
         with pytest.raises(Refusal) as refused:
-            validate(pod or old(), ["main", "load"], ids, ctx, [])
+            judged(pod or old(), ["main", "load"], ids, ctx, [])
         return refused.value
 
     unhealthy = refusal(ctx_for(inventory, signer, contract, gave("1"), healthy=False))
@@ -278,6 +279,6 @@ def test_what_else_refuses_it(inventory: UnitInventory, signer: Ed25519PrivateKe
     deleting["metadata"]["deletionTimestamp"] = "2026-01-02T03:04:05Z"
     assert refusal(ctx_for(inventory, signer, contract, gave("1")), deleting).reason == "GpuSharePodDeleting"
     with pytest.raises(PluginError) as caught:
-        validate(old(), ["main"], IDS, ctx_for(inventory, signer, contract, problem="it is gone"), [])
+        judged(old(), ["main"], IDS, ctx_for(inventory, signer, contract, problem="it is gone"), [])
     assert caught.value.code == "UNAVAILABLE" and "the kubelet's device checkpoint cannot be read (it is gone)" in \
         caught.value.message

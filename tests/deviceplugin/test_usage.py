@@ -15,13 +15,14 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from contract import IDX, POD, Contract, signing
 from deviceplugin.devices import UnitInventory
 from deviceplugin.errors import Refusal
-from deviceplugin.judge import Accepted, validate
+from deviceplugin.judge import Accepted
 from deviceplugin.kubelet import Holding
 from deviceplugin.pins import Pin
 from deviceplugin.service import Service
 from deviceplugin.trust import Context
 from deviceplugin.usage import node_usage, recorded_pin
 from tests.harness.plugin.fakes import NODE, FakeApiServer, FakeHoldings, plugin_settings
+from tests.harness.plugin.judged import judged
 from tests.harness.pods import admitted, assigned, unit_pod
 
 IDS = [f"GPU-x-_-{n}" for n in range(4)]
@@ -129,9 +130,9 @@ def test_a_gpu_filled_by_forged_pods_still_takes_a_believed_one(
     others = [forged("f1", "0", "8", contract, signer), huge_index("f2", contract, signer),
               copied_intent("f3", contract, signer)]
     pod = believed("p", 4, 0, contract, signer)
-    assert isinstance(validate(pod, ["m"], IDS, ctx, others), Accepted)
+    assert isinstance(judged(pod, ["m"], IDS, ctx, others), Accepted)
     with pytest.raises(Refusal, match="already promised to team/q \\(6\\)"):
-        validate(pod, ["m"], IDS, ctx, [*others, believed("q", 6, 0, contract, signer)])
+        judged(pod, ["m"], IDS, ctx, [*others, believed("q", 6, 0, contract, signer)])
 
 
 def test_a_pinned_pod_counts_where_it_runs(
@@ -146,7 +147,7 @@ def test_a_pinned_pod_counts_where_it_runs(
 
 
 def record(pod: dict[str, Any], ctx: Context, **change: Any) -> dict[str, Any]:
-    verdict = validate(pod, ["m"], IDS, ctx, [])
+    verdict = judged(pod, ["m"], IDS, ctx, [])
     assert isinstance(verdict, Accepted)
     out = copy.deepcopy(pod)
     out["metadata"]["annotations"].update(verdict.patch)

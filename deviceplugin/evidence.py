@@ -1,5 +1,6 @@
-"""Pods from the previous device plugin: whether a container of such a pod, created before the gpushare webhook and
-started by the plugin this one replaced, may start again on this node (pure).
+"""What the plugin takes as the word of the pod holding a container's devices, before any judgement (pure): a pod
+bound to this node and not being deleted, with the webhook's signed intent (deviceplugin/trust.py), or, for a pod
+from before the webhook, the answer of the previous device plugin that the kubelet stored for the container.
 
 When such a container is restarted (it crashed, or its pod's sandbox was recreated), the kubelet calls no Allocate:
 it finds the container's devices in its checkpoint (pkg/kubelet/cm/devicemanager/manager.go, devicesToAllocate:
@@ -18,17 +19,27 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from contract import ENV_VISIBLE, IDX, ProtocolError, pod_ref, read_annotations
+from contract import ENV_VISIBLE, IDX, Intent, ProtocolError, pod_ref, read_annotations
 from contract.assignment import int_annotation
 from contract.errors import shown
+from contract.holding import terminating
 from deviceplugin.checkpoint import visible_gpu
 from deviceplugin.errors import PluginError, Refusal
-from deviceplugin.trust import Context, no_intent
+from deviceplugin.trust import Context, no_intent, stamped_intent
 from node.inventory import Gpu
 
 _RECREATE = ("the kubelet would start it again with that same answer, so the container is not started; delete the "
              "pod so that it is created again through the gpushare webhook (its controller recreates it; create a "
              "bare pod again yourself), which places and allocates it anew")
+
+
+@dataclass(frozen=True)
+class Trusted:
+    """A pod bound to this node, not being deleted, whose intent the webhook signed and which it describes."""
+
+    ref: str
+    who: str  # the pod and the containers starting, as refusals name them
+    intent: Intent
 
 
 @dataclass(frozen=True)
@@ -39,6 +50,38 @@ class LegacyAccepted:
     ref: str
     gpu: Gpu
     containers: tuple[str, ...]
+
+
+def believe(
+    pod: Mapping[str, Any], containers: Sequence[str], device_ids: Sequence[str], ctx: Context
+) -> Trusted | LegacyAccepted:
+    """The pod's word for these containers: refused when it is bound elsewhere or being deleted; a pod without an
+    intent, from before the webhook, accepted only as legacy_restart says; else its intent, only if it verifies."""
+    ref = pod_ref(pod)
+    who = f"pod {ref} (container {', '.join(repr(c) for c in containers)})"
+    node = (pod.get("spec") or {}).get("nodeName")
+    if node != ctx.node_name:
+        raise Refusal(f"{who} is bound to node {node!r}, not to this node {ctx.node_name!r}; restart the kubelet")
+    if terminating(pod):
+        raise deleting_refusal(who, ctx)
+    if ctx.contract.intent_key not in read_annotations(pod):
+        return legacy_restart(pod, containers, device_ids, ctx, who)  # a pod from before the webhook
+    return Trusted(ref, who, stamped_intent(pod, ctx, who))
+
+
+def deleting_refusal(who: str, ctx: Context) -> Refusal:
+    """A container of a pod being deleted is never started: the kubelet may still start one whose image pull went on
+    after the deletion, and the memory the pod was given already counts as free."""
+    if ctx.placement == "extender":
+        freed = ("the scheduler extender counts a deleted pod's GPU memory as free at once and may have placed another "
+                 "pod there")
+    else:
+        freed = "this node's plugin counts a deleted pod's GPU memory as free once none of its GPU containers runs"
+    return Refusal(
+        f"{who} is being deleted, so the container is not started: {freed}, and starting it could put more on the GPU "
+        "than it holds; nothing to do, the pod goes away by itself",
+        reason="GpuSharePodDeleting",
+    )
 
 
 def legacy_restart(

@@ -106,6 +106,7 @@ def test_every_counter_moves_exactly_as_driven(rig: Rig) -> None:
     # Devices this node never had, and a start while the API server is unreachable.
     with pytest.raises(grpc.RpcError):
         rig.kubelet.admit("team", "a", [("other", 1)], pick=["no-gpu-has-8MiB-to-run"])
+    assert rig.plugin.service.events.flush()  # the Events of the refusals go out before the API server fails
     rig.api.fail = True
     with pytest.raises(grpc.RpcError):
         rig.kubelet.start_container("team", "a", "main")

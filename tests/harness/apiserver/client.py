@@ -57,6 +57,10 @@ class Watch:
             if self._connection.sock is not None:
                 self._connection.sock.close()
         self._connection.close()
+        # The server ends a watch by closing the connection and says so (Connection: close): http.client then hands
+        # the socket to the response alone, which must be closed for the server to see the client leave.
+        with contextlib.suppress(OSError, ValueError):
+            self._response.close()
 
     def __enter__(self) -> Watch:
         return self

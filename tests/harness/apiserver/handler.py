@@ -238,6 +238,9 @@ class Handler(BaseHTTPRequestHandler):
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Transfer-Encoding", "chunked")
+        # The connection closes after the stream, and says so: a client that pooled it for its next request (urllib3
+        # does) would write that request into a closed socket and read no answer (RemoteDisconnected, not retried).
+        self.send_header("Connection", "close")
         self.end_headers()
         self.close_connection = True
         try:

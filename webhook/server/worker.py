@@ -245,8 +245,9 @@ class WebhookWorker(base.Worker):  # type: ignore[misc]  # gunicorn ships no typ
         graceful = secured = False
         try:
             secured = await self._handshake(writer, client)
-            conn.secured_at = self.loop.time()
-            graceful = secured and await self._exchange(conn, client)
+            if secured:
+                conn.secured_at = self.loop.time()
+                graceful = await self._exchange(conn, client)
         except asyncio.CancelledError:
             pass  # the worker is stopping, or the connection gave way to another (webhook/server/connections.py)
         except _ERRORS as exc:  # the client went away or broke TLS mid-request

@@ -142,6 +142,10 @@ class MetricsServer:
             log.warning("A /metrics collection took over %g s; answered 503.", ANSWER_DEADLINE)
             writer.write(http1.plain("503 Service Unavailable", "Collecting the metrics took too long."))
             return await self._drained(writer)
+        except Exception as exc:  # a collector failed: the scraper is told, and the next scrape tries again
+            log.warning("A /metrics collection failed (%s: %s); answered 503.", type(exc).__name__, exc)
+            writer.write(http1.plain("503 Service Unavailable", f"Collecting the metrics failed: {exc}"))
+            return await self._drained(writer)
         writer.write(http1.response(status, headers, body, keep_alive=False, head=req.method == "HEAD"))
         return await self._drained(writer)
 

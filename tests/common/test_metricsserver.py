@@ -79,3 +79,22 @@ def test_prometheus_formats_are_kept(server: MetricsServer) -> None:
     assert headers["content-type"].startswith("application/openmetrics-text")
     assert body.endswith(b"# EOF\n")
     assert scrape(server.port)[1]["content-type"].startswith("text/plain; version=0.0.4")
+
+
+class Failing:
+    def collect(self) -> Iterator[object]:
+        raise RuntimeError("the collector's source is unreadable")
+
+
+def test_a_failed_collection_is_answered_503_naming_it_and_the_next_scrape_is_served() -> None:
+    registry = CollectorRegistry()
+    failing = Failing()
+    registry.register(failing)  # type: ignore[arg-type]
+    listener = MetricsServer((HOST, 0), registry)
+    try:
+        status, _, body = scrape(listener.port)
+        assert status == 503 and b"the collector's source is unreadable" in body
+        registry.unregister(failing)  # type: ignore[arg-type]
+        assert scrape(listener.port)[0] == 200
+    finally:
+        listener.stop()

@@ -213,13 +213,41 @@ class CertificateExpiry(Collector):
         yield left
 
 
+class WorkerFiles:
+    """The workers' samples, leaving out a file a starting worker has created but not yet sized.
+
+    prometheus_client creates each file empty and only then sizes it (mmap_dict.py MmapedDict.__init__: open 'a+b',
+    then truncate); its MultiProcessCollector reads the first four bytes of every file it finds
+    (read_all_values_from_file), so a scrape at that instant fails with struct.error. Such a file holds no sample yet.
+    Once sized, a file never shrinks: it is only removed, and a removed live gauge the merge already skips.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def collect(self) -> Iterable[Metric]:
+        files = []
+        for path in glob.glob(os.path.join(self.path, "*.db")):
+            try:
+                if os.stat(path).st_size >= _SIZED:
+                    files.append(path)
+            except FileNotFoundError:
+                pass  # a dead worker's live gauge, removed since the glob
+        merged: Iterable[Metric] = multiprocess.MultiProcessCollector.merge(  # type: ignore[no-untyped-call]
+            files, accumulate=True)
+        return merged
+
+
+_SIZED = 8  # the used-bytes integer and its padding: what a sized file holds first (mmap_dict.py)
+
+
 class MetricsServer:
     """/metrics over plain HTTP in the arbiter: every worker's samples plus the certificate's expiry and the build
     info, served with bounded threads and connections (common/metricsserver.py)."""
 
     def __init__(self, bind: tuple[str, int], multiproc_dir: str, cert_path: str) -> None:
         self.registry = CollectorRegistry()
-        multiprocess.MultiProcessCollector(self.registry, path=multiproc_dir)  # type: ignore[no-untyped-call]
+        self.registry.register(WorkerFiles(multiproc_dir))
         self.registry.register(CertificateExpiry(cert_path))
         self.registry.register(BuildInfo("webhook"))
         self._listener = Listener(bind, self.registry, name="webhook-metrics")

@@ -25,7 +25,7 @@ class Candidates:
     def check(self, units: int, slot: str) -> None:
         """Return when a pod waits for `units` (or holds `slot`); else raise the refusal."""
         ctx = self.index.ctx
-        if self.index.synced and self.index.has_candidate(units, slot):
+        if self.index.synced and self.index.suspects.waiting(units, slot):
             return
         try:
             found: list[str] = []

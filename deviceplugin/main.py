@@ -31,9 +31,9 @@ from contract.signing import SigningKeyError, load_public_key
 from deviceplugin import settings as plugin_settings
 from deviceplugin.apiserver import ApiServer, KubeApiServer
 from deviceplugin.devices import UnitInventory
+from deviceplugin.holders import Holdings
 from deviceplugin.kubelet import KubeletHoldings, RegistrationError, RestartWatch, register
 from deviceplugin.metrics import MeteredApiServer, PluginMetrics
-from deviceplugin.owners import Holdings
 from deviceplugin.server import OPTIONS, DevicePluginServicer, serve
 from deviceplugin.service import Service
 from deviceplugin.settings import PLUGIN_VARIABLES, PluginSettings

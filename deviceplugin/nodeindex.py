@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from contract import Intent, pod_ref
+from deviceplugin.holders import Suspects
 from deviceplugin.offers import Offer, allocation_offer
 from deviceplugin.pins import Pin
 from deviceplugin.trust import Context
@@ -26,11 +27,12 @@ class _Entry:
 
 
 class NodeIndex:
-    """Per pod version (UID and resourceVersion): its verified Allocate offer; per device size: the pods with a
-    container still waiting for devices; per slot: the pods holding it; per GPU: the units believed pods hold, and
-    their sum, kept as pods come, change and go; the pods not believed that may hold units from a previous device
-    plugin, which the kubelet's checkpoint (read again only when the kubelet rewrites it) places at each call; and the
-    GPU each pod is pinned to, which only this index writes (ctx.pins), so the units follow the pin.
+    """Per pod version (UID and resourceVersion): its verified Allocate offer, whose containers make the suspects of
+    the devices they wait for or hold (`suspects`, read by the owner's search and by Allocate); per GPU: the units
+    believed pods hold, and their sum, kept as pods come, change and go; the pods not believed that may hold units
+    from a previous device plugin, which the kubelet's checkpoint (read again only when the kubelet rewrites it)
+    places at each call; and the GPU each pod is pinned to, which only this index writes (ctx.pins), so the units
+    follow the pin.
 
     The signature of a pod is checked once per version, when the watch delivers it (ctx.verdicts), never per call.
     Every change of a pod is a new version, so its deletionTimestamp and each container's new state count it again
@@ -43,8 +45,7 @@ class NodeIndex:
         self._lock = threading.Lock()
         self._synced = False
         self._entries: dict[str, _Entry] = {}
-        self._waiting: dict[int, dict[str, None]] = {}  # units -> pods with a container of that size and no slot
-        self._holding: dict[tuple[int, str], dict[str, None]] = {}  # (units, slot) -> pods holding it
+        self.suspects = Suspects()
         self._tally = Tally()  # what believed pods hold on each GPU
         self._legacy: dict[str, Mapping[str, Any]] = {}  # pod uid -> a pod counted from the checkpoint
 
@@ -62,11 +63,11 @@ class NodeIndex:
             self.remove(uid)
         for pod in listed:
             self.upsert(pod)
-        self._synced = True
+        self._synced = self.suspects.ready = True
 
     def stale(self) -> None:
         """The watch broke: callers list the node's pods until the next full listing."""
-        self._synced = False
+        self._synced = self.suspects.ready = False
 
     def upsert(self, pod: Mapping[str, Any]) -> None:
         uid = _uid(pod)
@@ -85,10 +86,8 @@ class NodeIndex:
         with self._lock:
             self._drop(uid)
             self._entries[uid] = entry
-            for units, slot in entry.offer.containers if entry.offer else ():
-                table = self._waiting.setdefault(units, {}) if slot is None else self._holding.setdefault(
-                    (units, slot), {})
-                table[uid] = None
+            if entry.offer:
+                self.suspects.add(uid, entry.namespace, entry.name, entry.offer.containers)
             self._tally.recount(uid, held)
             if legacy:
                 self._legacy[uid] = pod
@@ -126,23 +125,6 @@ class NodeIndex:
 
     # -- read by the kubelet's calls -------------------------------------------------------------------
 
-    def has_candidate(self, units: int, slot: str) -> bool:
-        """Some validated pod has a container asking for exactly `units` that holds no devices yet, or this slot."""
-        with self._lock:
-            return bool(self._waiting.get(units)) or bool(self._holding.get((units, slot)))
-
-    def likely_holders(self, units: int, slot: str, limit: int) -> list[tuple[str, str, str]] | None:
-        """(namespace, name, uid) of the pods that may hold these devices: those whose record names the slot
-        first, then those still waiting for devices of this size; None when there are more than `limit`, or while
-        the index is not synced (a pod the watch has not delivered yet may hold them)."""
-        if not self._synced:
-            return None
-        with self._lock:
-            uids = [*self._holding.get((units, slot), {}), *self._waiting.get(units, {})]
-            if len(uids) > limit:
-                return None
-            return [(self._entries[u].namespace, self._entries[u].name, u) for u in dict.fromkeys(uids)]
-
     def units_on(self, index: int, exclude_uid: str = "") -> int:
         """Units promised on GPU `index`, the pod `exclude_uid` left out: the kept sum, not a count per call."""
         with self._lock:
@@ -168,14 +150,8 @@ class NodeIndex:
         entry = self._entries.pop(uid, None)
         if entry is None:
             return
-        for units, slot in entry.offer.containers if entry.offer else ():
-            key: Any = units if slot is None else (units, slot)
-            table = self._waiting if slot is None else self._holding
-            members = table.get(key)
-            if members is not None:
-                members.pop(uid, None)
-                if not members:
-                    del table[key]
+        if entry.offer:
+            self.suspects.drop(uid, entry.offer.containers)
         self._tally.uncount(uid)
         self._legacy.pop(uid, None)
 

@@ -1,27 +1,20 @@
-"""Which pod holds a device-ID set, exactly: PodResources (Get about the pods the node index names, then List) first,
-then the kubelet's checkpoint, names from those pods or the API server, and that pod read fresh."""
+"""Which pod owns a device-ID set, exactly, from what the kubelet says of it (holders.py): one pod holding exactly
+those IDs, named from the suspects or the API server, and that pod read fresh; never a guess."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from deviceplugin.apiserver import ApiServer
-from deviceplugin.checkpoint import Checkpoint
 from deviceplugin.errors import PluginError, Refusal
-from deviceplugin.kubelet import Holding, KubeletUnavailable
+from deviceplugin.holders import Held, Suspect
+from deviceplugin.kubelet import Holding
 from node.apiclient import ApiServerError
 
 log = logging.getLogger(__name__)
-
-# Pods asked about one by one (PodResources Get) before listing the whole node instead: a container starts soon after
-# its pod is admitted, so few pods wait for devices of one size at a time.
-GET_LIMIT = 4
-
-# (namespace, name, uid) of a pod that may hold the devices: the node index's likely holders.
-Suspect = tuple[str, str, str]
 
 
 @dataclass(frozen=True)
@@ -71,58 +64,26 @@ def other_holders(holdings: Sequence[Holding], device_ids: Sequence[str], owner:
     return sorted(out)
 
 
-class Holdings(Protocol):
-    def holdings(self) -> list[Holding]: ...  # PodResources List (app and sidecar containers), else the checkpoint
-
-    def from_checkpoint(self) -> list[Holding]: ...  # every container, init containers included
-
-    def pod_holdings(self, namespace: str, name: str) -> list[Holding] | None: ...  # PodResources Get; None: no Get
-
-    def checkpoint(self) -> Checkpoint: ...  # the checkpoint with each container's stored answer, or why it is unread
-
-
 def refused(refusal: Refusal) -> PluginError:
     """A refusal of devices whose pod is not known (the service logs it and counts it as unattributed)."""
     return PluginError("FAILED_PRECONDITION", refusal.message, refusal.reason)
 
 
 class Owners:
-    """Resolves the exact owner of the devices a PreStartContainer names; never a guess."""
+    """Decides the exact owner of the devices a PreStartContainer names from what the kubelet says; never a guess."""
 
-    def __init__(self, kubelet: Holdings, api: ApiServer, node_name: str) -> None:
-        self.kubelet = kubelet
+    def __init__(self, api: ApiServer, node_name: str) -> None:
         self.api = api
         self.node_name = node_name
 
-    def owner(self, device_ids: Sequence[str], suspects: Sequence[Suspect] | None = None) -> Owner:
-        """The owner of these devices; `suspects` are the pods the node index says may hold them (at most
-        GET_LIMIT), None when it cannot say."""
-        asked = self._asked(device_ids, suspects)
-        if asked is not None:
-            return asked
-        listed = self._listed()
+    def owner(self, device_ids: Sequence[str], held: Held, suspects: Sequence[Suspect] | None) -> Owner:
+        """The one pod of `held` holding exactly these devices; a checkpoint entry only while no pod PodResources
+        lists holds any of them. `suspects` name a pod the checkpoint knows by UID only."""
         try:
-            return self._named(find_owner(listed, device_ids), suspects)
-        except Refusal as refusal:
-            if refusal.reason != "GpuShareUnknownDevices":
-                raise refused(refusal) from refusal
-        # PodResources List reports app and sidecar containers only (pkg/kubelet/apis/podresources/server_v1.go),
-        # so a regular init container is found in the checkpoint, which the kubelet writes in
-        # allocateContainerResources right after Allocate, during admission, before it ever calls
-        # PreStartContainer for that pod (pkg/kubelet/cm/devicemanager/manager.go).
-        try:
-            recorded = self.kubelet.from_checkpoint()
-        except KubeletUnavailable as exc:
-            raise PluginError(
-                "UNAVAILABLE",
-                f"no container in the kubelet's pod resources holds exactly these devices and {exc}; mount "
-                "/var/lib/kubelet/device-plugins into the plugin and check GPUSHARE_KUBELET_CHECKPOINT",
-            ) from exc
-        try:
-            owner = self._named(find_owner(recorded, device_ids), suspects)
+            owner = self._named(find_owner(held.holdings, device_ids), suspects)
         except Refusal as refusal:
             raise refused(refusal) from refusal
-        others = other_holders(listed, device_ids, owner)
+        others = other_holders(held.listed, device_ids, owner) if held.source == "checkpoint" else []
         if others:
             raise refused(Refusal(
                 f"the kubelet's checkpoint says pod {owner.ref} holds the devices {', '.join(sorted(device_ids)[:3])} "
@@ -144,33 +105,6 @@ class Owners:
                 "GpuSharePodGone",
             )
         return pod
-
-    def _asked(self, device_ids: Sequence[str], suspects: Sequence[Suspect] | None) -> Owner | None:
-        """The owner found by asking the kubelet about the suspects (a PodResources Get each), or None: then the
-        whole node is listed, as without Get."""
-        wanted = frozenset(device_ids)
-        for namespace, name, _ in suspects or ():
-            try:
-                held = self.kubelet.pod_holdings(namespace, name)
-            except KubeletUnavailable:
-                return None
-            if held is None:
-                return None
-            containers = tuple(dict.fromkeys(h.container for h in held if frozenset(h.device_ids) == wanted))
-            if containers:
-                return Owner(namespace, name, "", containers)
-        return None
-
-    def _listed(self) -> list[Holding]:
-        try:
-            return self.kubelet.holdings()
-        except KubeletUnavailable as exc:
-            raise PluginError(
-                "UNAVAILABLE",
-                f"the gpushare device plugin cannot tell which pod holds these devices ({exc}); mount "
-                "/var/lib/kubelet/pod-resources into the plugin (Kubernetes 1.20 or newer) and check "
-                "GPUSHARE_POD_RESOURCES_SOCKET",
-            ) from exc
 
     def _named(self, owner: Owner, suspects: Sequence[Suspect] | None) -> Owner:
         """The checkpoint knows pod UIDs only: find the pod's name among the suspects (a pod whose init container

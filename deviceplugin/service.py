@@ -1,6 +1,6 @@
 """The plugin's answers to the kubelet, each a straight pipeline over the node index: Allocate (the devices are
-known, some pod waits for them, answer by slot) and PreStartContainer (find the owner, judge it, place it where the
-plugin places, deliver, record); and the garbage collection of slots."""
+known, some pod waits for them, answer by slot) and PreStartContainer (ask who may hold the devices, find the owner,
+take its word, judge it, place it where the plugin places, deliver, record); and the garbage collection of slots."""
 
 from __future__ import annotations
 
@@ -24,12 +24,13 @@ from deviceplugin.errors import PluginError, Refusal
 from deviceplugin.eventqueue import EventQueue
 from deviceplugin.events import EventRecorder, TokenBuckets
 from deviceplugin.evidence import LegacyAccepted, believe
+from deviceplugin.holders import Holdings, held
 from deviceplugin.judge import Accepted, NeedsPlacement, Verdict, validate
 from deviceplugin.kubelet import KubeletUnavailable
 from deviceplugin.metrics import PluginMetrics
 from deviceplugin.nodeindex import NodeIndex
 from deviceplugin.nodeplace import NodePlacer
-from deviceplugin.owners import GET_LIMIT, Holdings, Owners
+from deviceplugin.owners import Owners
 from deviceplugin.placement import preferred_devices
 from deviceplugin.record import Records
 from deviceplugin.settings import PluginSettings
@@ -71,7 +72,7 @@ class Service:
         # Every refusal and allocation, rate limited per pod and reason, then queued off the kubelet's critical path.
         self.recorder = EventRecorder(self.events.post, self.metrics, TokenBuckets(clock=clock))
         self.candidates = Candidates(api, self.index, self.recorder)
-        self.owners = Owners(kubelet, api, settings.node_name)
+        self.owners = Owners(api, settings.node_name)
         self.placer = NodePlacer(api, inventory, self.context)
         self.deliverer = Deliverer(settings, self.cdi)
         self.records = Records(api, self.index, self.recorder)
@@ -145,8 +146,9 @@ class Service:
 
     def _prestart(self, device_ids: Sequence[str]) -> Accepted | LegacyAccepted:
         self._check_known(device_ids, "PreStartContainer")
-        suspects = self.index.likely_holders(len(device_ids), slot_of(device_ids), GET_LIMIT)
-        owner = self.owners.owner(device_ids, suspects)
+        suspects = self.index.suspects.likely(len(device_ids), slot_of(device_ids))
+        found = held(self.kubelet, device_ids, suspects)
+        owner = self.owners.owner(device_ids, found, suspects)
         for _ in range(_PATCH_ATTEMPTS):
             pod = self.owners.pod(owner)
             try:

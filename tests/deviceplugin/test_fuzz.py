@@ -27,6 +27,7 @@ from deviceplugin.api import podresources_pb2 as pr
 from deviceplugin.checkpoint import checkpoint_entries, visible_gpu
 from deviceplugin.devices import UnitInventory
 from deviceplugin.errors import PluginError, Refusal
+from deviceplugin.holders import held
 from deviceplugin.kubelet import Holding, KubeletHoldings, KubeletUnavailable, holdings_from_checkpoint
 from deviceplugin.owners import Owners, find_owner, other_holders
 from node.inventory import fake_gpus
@@ -275,7 +276,7 @@ def test_listings_and_checkpoints_are_read_or_refused(listing_server: tuple[List
     server, tmp = listing_server
     reader = KubeletHoldings(str(tmp / "pr.sock"), str(tmp / "checkpoint"), RESOURCE, timeout=CALL_TIMEOUT_S)
     api = FakeApiServer()
-    owners = Owners(reader, api, NODE)
+    owners = Owners(api, NODE)
     problems: list[str] = []
     read = [0, 0]
 
@@ -297,12 +298,12 @@ def test_listings_and_checkpoints_are_read_or_refused(listing_server: tuple[List
                 continue
             _resolve(holdings, wanted, problems)
         try:
-            owners.owner(wanted)
+            owners.owner(wanted, held(reader, wanted, None), None)
         except PluginError as exc:
             if not exc.message or exc.code not in {c.name for c in CLEAR}:
-                problems.append(f"Owners.owner refused with {exc.code}: {exc.message!r}")
+                problems.append(f"the owner's search refused with {exc.code}: {exc.message!r}")
         except Exception as exc:
-            problems.append(f"Owners.owner raised {exc!r}")
+            problems.append(f"the owner's search raised {exc!r}")
 
     try:
         feed()

@@ -86,10 +86,10 @@ def test_the_index_answers_as_the_pod_list_does(inventory: UnitInventory, signer
             assert usage(index, gpu, exclude) == node_usage([*pods, forged], ctx, exclude).on(gpu)
             assert index.units_on(gpu, exclude) == sum(h.units for h in index.holders_on(gpu, exclude))  # kept sum
     assert shown(usage(index, 0)) == (5, ["team/a (2)", "team/b (3)"])
-    assert [index.has_candidate(units, "s") for units in (1, 2, 3, 4, 5, 6)] == [True, True, True, False, False,
+    assert [index.suspects.waiting(units, "s") for units in (1, 2, 3, 4, 5, 6)] == [True, True, True, False, False,
                                                                                   False]
     assert "uid-b" in index and "uid-gone" not in index
-    assert index.likely_holders(2, "s", 4) == [("team", "a", "uid-a")]
+    assert index.suspects.likely(2, "s", 4) == [("team", "a", "uid-a")]
 
 
 def test_the_index_follows_changes_deletions_pins_and_a_broken_watch(
@@ -101,8 +101,8 @@ def test_the_index_follows_changes_deletions_pins_and_a_broken_watch(
     index.replace([a])
     slot = slot_of(["d1", "d2"])
     index.upsert(recorded(a, inventory, contract, slot))  # allocated: its container holds the slot now
-    assert not index.has_candidate(2, "other") and index.has_candidate(2, slot)
-    assert index.likely_holders(2, slot, 4) == [("team", "a", "uid-a")]
+    assert not index.suspects.waiting(2, "other") and index.suspects.waiting(2, slot)
+    assert index.suspects.likely(2, slot, 4) == [("team", "a", "uid-a")]
     index.pin("uid-a", Pin(1, inventory.gpus[1].uuid))  # a pinned pod counts where it runs, whatever its IDX says
     assert (shown(usage(index, 0)), shown(usage(index, 1))) == ((0, []), (2, ["team/a (2)"]))
     assert (index.units_on(0), index.units_on(1), index.units_on(1, "uid-a")) == (0, 2, 0)
@@ -111,7 +111,7 @@ def test_the_index_follows_changes_deletions_pins_and_a_broken_watch(
     index.upsert(on_node(a, "uid-a", "3", phase="Succeeded"))  # a finished pod holds nothing
     assert usage(index, 1) == (0, []) and index.units_on(1) == 0
     index.remove("uid-a")
-    assert "uid-a" not in index and not index.has_candidate(2, slot)
+    assert "uid-a" not in index and not index.suspects.waiting(2, slot)
     index.stale()
     assert not index.synced
     index.replace([])
@@ -184,7 +184,7 @@ def test_a_pod_version_is_verified_once(inventory: UnitInventory, signer: Ed2551
     index.replace(pods)
     index.replace(pods)  # the watch relisting: the same versions
     for _ in range(10):
-        index.has_candidate(1, "s")
+        index.suspects.waiting(1, "s")
         usage(index, 0)
     assert len(calls) == 5
 

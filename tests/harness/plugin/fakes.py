@@ -11,7 +11,7 @@ from typing import Any
 
 from deviceplugin.apiserver import PodListener
 from deviceplugin.checkpoint import Checkpoint
-from deviceplugin.kubelet import Holding
+from deviceplugin.kubelet import Holding, KubeletUnavailable
 from deviceplugin.settings import PluginSettings, settings_from
 from node.apiclient import ApiServerError, Conflict
 from tests.harness.apiserver.status import ApiError
@@ -217,15 +217,27 @@ class FakeHoldings:
     entries: list[Holding]
     recorded: list[Holding] = field(default_factory=list)
     stored: Checkpoint = field(default_factory=Checkpoint)  # what checkpoint() reads: the answers the kubelet keeps
+    get: bool = False  # a kubelet with PodResources Get answers it from `entries`; without, the plugin lists
+    unavailable: frozenset[str] = frozenset()  # "list", "checkpoint": refused as the real reader refuses them
+    asked: list[str] = field(default_factory=list)  # "get ns/name", "list", "checkpoint", in order
 
     def holdings(self) -> list[Holding]:
+        self.asked.append("list")
+        if "list" in self.unavailable:
+            raise KubeletUnavailable("the PodResources socket /var/lib/kubelet/pod-resources/kubelet.sock is missing")
         return list(self.entries)
 
     def from_checkpoint(self) -> list[Holding]:
+        self.asked.append("checkpoint")
+        if "checkpoint" in self.unavailable:
+            raise KubeletUnavailable("the kubelet's checkpoint is unreadable")
         return list(self.recorded)
 
     def pod_holdings(self, namespace: str, name: str) -> list[Holding] | None:
-        return None  # a kubelet without PodResources Get: the plugin lists
+        self.asked.append(f"get {namespace}/{name}")
+        if not self.get:
+            return None
+        return [h for h in self.entries if (h.namespace, h.pod) == (namespace, name)]
 
     def checkpoint(self) -> Checkpoint:
         return self.stored

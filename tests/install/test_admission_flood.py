@@ -278,4 +278,6 @@ def test_a_reconnect_flood_from_pods_leaves_every_review_answered(installed: Clu
     # Nor did the flood get as far as a TLS handshake (with the list empty, about 14,000 timed out here).
     assert wire.get("handshakes timed_out", 0) == 0, wire
     for p in _ours(kubectl, "app.kubernetes.io/name=gpushare-webhook"):
-        assert all(c["restartCount"] == 0 for c in p["status"]["containerStatuses"]), p["metadata"]["name"]
+        assert all(c["restartCount"] == 0 for c in p["status"]["containerStatuses"]), (
+            p["metadata"]["name"], [(c["name"], c["restartCount"], c.get("lastState"))
+                                    for c in p["status"]["containerStatuses"]])

@@ -148,9 +148,13 @@ def test_webhook_paths_and_probes_are_routes_of_the_app(overlay: str) -> None:
     assert probe_module.target(env["GPUSHARE_BIND"]) == ("127.0.0.1", 8443)  # from loopback (sourcefilter.LOOPBACK)
     assert container_port(ctr, "https") == 8443
     for probe, path in (("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")):
-        assert ctr[probe]["exec"]["command"] == ["gpushare-webhook-probe", path]
+        command = ctr[probe]["exec"]["command"]
+        assert command[:2] == ["gpushare-webhook-probe", path] and command[2] == "--timeout", command
         assert path in probe_module.PATHS
         assert (path, "GET") in routes
+        # The probe says why it failed before the kubelet's own timeout, and waits out SYN retries (sent again at
+        # 1 s and 3 s) while a connection flood fills the admission port's accept queue.
+        assert 3 < float(command[3]) < ctr[probe]["timeoutSeconds"], command
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)

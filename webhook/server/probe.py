@@ -24,7 +24,8 @@ PATHS = ("/readyz", "/healthz")
 # The webhook's one setting the probe reads (webhook/server/settings.py WEBHOOK_VARIABLES has its full text).
 PROBE_VARIABLES = (Variable("GPUSHARE_BIND", "127.0.0.1:8443", "the webhook's listen address; the probe connects "
                             "to loopback for a wildcard host"),)
-# Within the probe's own timeoutSeconds (manifests/base/webhook.yaml: 2 s), so the kubelet reads our reason.
+# The default wait for the answer; the manifests give each probe a --timeout under its timeoutSeconds, so the kubelet
+# reads our reason rather than its own timeout (manifests/base/webhook.yaml).
 TIMEOUT = 1.5
 
 
@@ -39,7 +40,7 @@ def target(bind: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def probe(path: str, environ: Mapping[str, str]) -> tuple[bool, str]:
+def probe(path: str, environ: Mapping[str, str], timeout: float = TIMEOUT) -> tuple[bool, str]:
     bind = environ.get("GPUSHARE_BIND", "127.0.0.1:8443").strip()
     try:
         host, port = target(bind)
@@ -48,7 +49,7 @@ def probe(path: str, environ: Mapping[str, str]) -> tuple[bool, str]:
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     context.check_hostname = False
     context.verify_mode = ssl.CERT_NONE
-    conn = http.client.HTTPSConnection(host, port, timeout=TIMEOUT, context=context)
+    conn = http.client.HTTPSConnection(host, port, timeout=timeout, context=context)
     try:
         conn.request("GET", path, headers={"User-Agent": "gpushare-webhook-probe"})
         res = conn.getresponse()
@@ -66,13 +67,23 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     args = cli.parser("gpushare-webhook-probe", "Ask the webhook in this container whether it is ready (/readyz) or "
                       "alive (/healthz), from loopback.", PROBE_VARIABLES)
     args.add_argument("path", choices=PATHS)
+    args.add_argument("--timeout", type=_seconds, default=TIMEOUT, metavar="SECONDS",
+                      help=f"how long to wait for the answer (default {TIMEOUT}); keep it under the probe's "
+                           "timeoutSeconds")
     try:
-        path = args.parse_args(argv).path
+        parsed = args.parse_args(argv)
     except SystemExit as exc:
         return int(exc.code or 0)
-    ok, said = probe(path, os.environ if environ is None else environ)
+    ok, said = probe(parsed.path, os.environ if environ is None else environ, parsed.timeout)
     print(said)
     return 0 if ok else 1
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if not 0 < value <= 60:
+        raise ValueError(text)
+    return value
 
 
 def bound_host(bind: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network | None:

@@ -159,3 +159,15 @@ def test_the_probe_names_what_did_not_answer(capsys: pytest.CaptureFixture[str])
         assert probe.main(["/healthz"], {"GPUSHARE_BIND": f"0.0.0.0:{port}"}) == 1
     assert f"/healthz on 127.0.0.1:{port} did not answer" in capsys.readouterr().out
 
+
+
+def test_the_probe_waits_as_long_as_it_is_told_and_refuses_a_bad_timeout(capsys: pytest.CaptureFixture[str]) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(1)  # the kernel completes the connection; nothing accepts it, so no TLS answer comes
+        env = {"GPUSHARE_BIND": f"127.0.0.1:{sock.getsockname()[1]}"}
+        assert probe.main(["/healthz", "--timeout", "0.3"], env) == 1
+        assert "did not answer: " in capsys.readouterr().out
+        for bad in ("0", "-1", "61", "soon"):
+            assert probe.main(["/healthz", "--timeout", bad], env) == 2
+        assert "--timeout" in capsys.readouterr().err

@@ -59,14 +59,14 @@ class Suspects:
         with self._lock:
             return bool(self._waiting.get(units)) or bool(self._holding.get((units, slot)))
 
-    def likely(self, units: int, slot: str, limit: int = 0) -> list[Suspect] | None:
+    def likely(self, units: int, slot: str, limit: int = GET_LIMIT) -> list[Suspect] | None:
         """The pods that may hold these devices: those whose record names the slot first, then those still waiting
-        for devices of this size; None when there are more than `limit` (GET_LIMIT unless given), or while not ready."""
+        for devices of this size; None when there are more than `limit`, or while not ready."""
         if not self.ready:
             return None
         with self._lock:
             uids = dict.fromkeys([*self._holding.get((units, slot), {}), *self._waiting.get(units, {})])
-            if len(uids) > (limit or GET_LIMIT):
+            if len(uids) > limit:
                 return None
             return [(*self._names[u], u) for u in uids]
 

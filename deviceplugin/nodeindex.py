@@ -43,7 +43,6 @@ class NodeIndex:
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
         self._lock = threading.Lock()
-        self._synced = False
         self._entries: dict[str, _Entry] = {}
         self.suspects = Suspects()
         self._tally = Tally()  # what believed pods hold on each GPU
@@ -53,7 +52,7 @@ class NodeIndex:
 
     @property
     def synced(self) -> bool:
-        return self._synced
+        return self.suspects.ready  # one flag, set by replace() and stale()
 
     def replace(self, pods: Iterable[Mapping[str, Any]]) -> None:
         """A full listing: what it lacks is gone."""
@@ -63,11 +62,11 @@ class NodeIndex:
             self.remove(uid)
         for pod in listed:
             self.upsert(pod)
-        self._synced = self.suspects.ready = True
+        self.suspects.ready = True
 
     def stale(self) -> None:
         """The watch broke: callers list the node's pods until the next full listing."""
-        self._synced = self.suspects.ready = False
+        self.suspects.ready = False
 
     def upsert(self, pod: Mapping[str, Any]) -> None:
         uid = _uid(pod)

@@ -3,7 +3,6 @@ those IDs, named from the suspects or the API server, and that pod read fresh; n
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -13,8 +12,6 @@ from deviceplugin.errors import PluginError, Refusal
 from deviceplugin.holders import Held, Suspect
 from deviceplugin.kubelet import Holding
 from node.apiclient import ApiServerError
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)

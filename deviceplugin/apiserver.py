@@ -178,11 +178,11 @@ class KubeApiServer:
         body = event_body(pod, event_type, reason, message, self.node_name)
         event = self._client.CoreV1Event.from_dict(body)
         namespace = str(body["metadata"]["namespace"])
-        self._kube.call(f"post an Event on pod {namespace}", self._core.create_namespaced_event, namespace, event)
+        self._kube.send(f"post an Event on pod {namespace}", self._core.create_namespaced_event, namespace, event)
 
     def patch_node_capacity(self, capacity: Mapping[str, str]) -> None:
         body = {"status": {"capacity": dict(capacity)}}
-        self._kube.call(
+        self._kube.send(
             f"patch the capacity of node {self.node_name}", self._core.patch_node_status, self.node_name, body,
             _content_type="application/merge-patch+json",
         )

@@ -91,6 +91,13 @@ class KubeClient:
         except Exception as exc:  # urllib3 and ssl errors have no common base worth naming
             raise ApiServerError(f"could not {what}: {describe(exc)}") from exc
 
+    def send(self, what: str, method: Any, *args: Any, **kwargs: Any) -> None:
+        """call() for a request whose answer is not needed (an Event, a status patch): the answer is read all the
+        same. urllib3 gives a connection back to its pool only once its response was read to the end; one left
+        unread is dropped, and the next request opens a new connection: a TCP and a TLS handshake with the API
+        server each time."""
+        self.call(what, method, *args, **kwargs).data  # noqa: B018 - reading it gives the connection back
+
     def read(self, what: str, method: Any, *args: Any, **kwargs: Any) -> dict[str, Any] | None:
         """The JSON answer of call(); None when the object does not exist."""
         try:

@@ -12,6 +12,7 @@ import pytest
 from deviceplugin.apiserver import KubeApiServer
 from node.apiclient import ApiServerError, Conflict
 from tests.harness.apiserver.kube_http import FakeKube, write_kubeconfig
+from tests.harness.apiserver.server import ApiServer
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -78,3 +79,24 @@ def test_unreachable_api_server_is_an_error_not_a_hang(tmp_path: Path) -> None:
             api.list_node_pods()
     finally:
         api.stop()
+
+
+def test_requests_whose_answer_is_not_read_give_their_connection_back(tmp_path: Path) -> None:
+    """An Event or a capacity patch answered and never read kept its connection out of urllib3's pool, so the next
+    request opened a new one: a TCP and TLS handshake with the API server per PreStartContainer."""
+    with ApiServer(deletion="immediate") as sim:
+        admin = sim.client()
+        admin.create("nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-a"}})
+        pod = admin.create_pod("team", {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p1"},
+                                        "spec": {"nodeName": "node-a", "containers": [{"name": "c", "image": "i"}]}})
+        sim.write_kubeconfig(tmp_path / "kubeconfig")
+        api = KubeApiServer("node-a", str(tmp_path / "kubeconfig"), timeout=5)
+        try:
+            before = sim.connections_opened
+            for n in range(3):
+                assert api.get_pod("team", "p1") is not None
+                api.create_event(pod, "Normal", "GpuShareAllocated", f"call {n}")
+                api.patch_node_capacity({"aliyun.com/gpu-count": str(n)})
+            assert sim.connections_opened - before == 1
+        finally:
+            api.stop()

@@ -85,6 +85,7 @@ class ApiServer:
         self._thread: threading.Thread | None = None
         self._connections: set[socket.socket] = set()
         self._connections_lock = threading.Lock()
+        self.connections_opened = 0  # every connection a client opened, closed since or not
         for name in DEFAULT_NAMESPACES:
             self.registry.ensure_namespace(name)
 
@@ -134,6 +135,7 @@ class ApiServer:
         with self._connections_lock:
             if opened:
                 self._connections.add(conn)
+                self.connections_opened += 1
             else:
                 self._connections.discard(conn)
 

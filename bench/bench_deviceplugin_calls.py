@@ -4,15 +4,20 @@ Run: .venv/bin/python -m bench.bench_deviceplugin_calls [--sizes 50,110,800] [--
 The real plugin (deviceplugin.main.Plugin, its kubernetes-client adapter and pod watch) runs against the test API
 server (tests/harness/apiserver) over HTTPS, which waits a uniform 1-5 ms before answering each request (as across a
 network) or answers at once (0: what the plugin itself costs shows without the wait), and against the test kubelet
-over real unix sockets (PodResources Get on, as in Kubernetes 1.34, and answered by pod name as the kubelet does).
-Each latency gets a fresh node. The API server runs in a process of its own, as in a cluster: the plugin's process
-holds what a plugin's does, plus the test kubelet and this client, and freezes its start-up heap as the plugin's
-run() does (common/heap.py). The node is filled with running, allocated pods; then new pods are created one at a
-time, the kubelet's calls for each are timed, and each is deleted again, so the node holds the same pods throughout a
-size: Allocate (its GetPreferredAllocation not counted) and PreStartContainer (resolution, validation, a GET and a
-PATCH of the pod). The sizes take turns, 5 turns of a fifth of the samples each (the node is filled up and emptied
-down again between them), so that a machine whose load changes during the run weighs on every size alike. A few new
-pods that are not timed come first: a fresh plugin opens its connections on its first calls.
+(tests/harness/kubelet) over real unix sockets (PodResources Get on, as in Kubernetes 1.34, and answered by pod name as
+the kubelet does). Each latency gets a fresh node. The API server and the kubelet run in processes of their own, as on
+a node: the plugin's process holds what a plugin's does, plus this client, and freezes its start-up heap as the
+plugin's run() does (common/heap.py). (The test kubelet rewrites its whole checkpoint after every Allocate and removal,
+as the kubelet does; when that cost it 16 ms of Python at 800 pods, just before each timed call, that work (not the
+file's write) slowed the plugin's next call, from either process, seemingly through the CPU's caches: every step of
+PreStartContainer, pure ones included, took about a fifth longer at 800 pods than at 50: the plugin's cost looked as if
+it grew with the pods while it did not. tests/harness/kubelet/devices.py now rewrites it in about 0.5 ms.) The node is
+filled with running, allocated pods; then new pods are created one at a time, the kubelet's calls for each are timed,
+and each is deleted again, so the node holds the same pods throughout a size: Allocate (its GetPreferredAllocation not
+counted), timed here, and PreStartContainer (resolution, validation, a GET and a PATCH of the pod), timed by the
+kubelet's process around its own call. The sizes take turns, 5 turns of a fifth of the samples each (the node is filled
+up and emptied down again between them), so that a machine whose load changes during the run weighs on every size
+alike. A few new pods that are not timed come first: a fresh plugin opens its connections on its first calls.
 Baselines measured in the same run: GetDevicePluginOptions (a gRPC round trip that decides nothing) and a GET of a
 pod through the plugin's own API client (one API round trip). Exits 1 when a target is missed.
 """
@@ -20,6 +25,7 @@ pod through the plugin's own API client (one API round trip). Exits 1 when a tar
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import random
 import statistics
@@ -31,12 +37,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import grpc
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from common import heap
 from contract import ASSIGNED, Allocation, ContainerSlot, Contract
 from deviceplugin.api import deviceplugin_pb2 as pb
+from deviceplugin.api import deviceplugin_pb2_grpc
 from deviceplugin.devices import device_ids, slot_of
 from deviceplugin.main import Plugin
 from deviceplugin.settings import settings_from
@@ -100,6 +108,17 @@ def serve_api(ready: Path, latency: Latency) -> None:
         api.stop()
 
 
+def stop_child(process: subprocess.Popen[str] | subprocess.Popen[bytes]) -> None:
+    """A child process of this bench ends when its stdin closes; one that does not within 10 s is killed."""
+    if process.stdin is not None and not process.stdin.closed:
+        process.stdin.close()
+    try:
+        process.wait(10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
 class ApiProcess:
     """The test API server in a child process, stopped by its PID."""
 
@@ -118,17 +137,76 @@ class ApiProcess:
         self.admin = SimClient(info["url"], info["token"], info["ca"].encode())
 
     def stop(self) -> None:
-        if self.process.stdin is not None:
-            self.process.stdin.close()
-        try:
-            self.process.wait(10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        stop_child(self.process)
+
+
+def serve_kubelet(tmp: Path) -> None:
+    """The test kubelet's process: started, it answers `{}`; then one JSON order per line on stdin (`registered`,
+    `hold`, `start`, `forget`), one JSON answer per line on stdout, until the parent closes stdin. The order `start`
+    is the kubelet's PreStartContainer, answered with the seconds it took; a failed order is answered `error`."""
+    uids: dict[str, str] = {}  # pod name -> UID, as the parent created them
+    kubelet = TestKubelet(str(tmp / "dp"), str(tmp / "pr.sock"), lambda ns, name: uids[name])
+    kubelet.get_enabled = True
+    kubelet.start()
+    try:
+        print("{}", flush=True)
+        for line in sys.stdin:
+            order = json.loads(line)
+            name = order.get("name", "")
+            answer: dict[str, Any] = {}
+            try:
+                if order["op"] == "registered":  # the plugin's endpoint, once it registered and listed its devices
+                    kubelet.wait_registrations(1)
+                    kubelet.wait_lists(1)
+                    answer["endpoint"] = kubelet.registered[-1].request.endpoint
+                elif order["op"] == "hold":  # the kubelet records the assignment after Allocate returns
+                    uids[name] = order["uid"]
+                    kubelet.hold("team", name, "main", order["ids"])
+                elif order["op"] == "start":
+                    answer["seconds"] = timed(functools.partial(kubelet.start_container, "team", name, "main"))
+                elif order["op"] == "forget":
+                    kubelet.forget("team", name)
+            except Exception as exc:  # the parent stops with it
+                answer["error"] = f"{order['op']} {name}: {exc!r}"
+            print(json.dumps(answer), flush=True)
+    finally:
+        kubelet.stop()
+
+
+class KubeletProcess:
+    """The test kubelet in a child process, as the kubelet is on a node, told what to do line by line; stopped by
+    its PID."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.process = subprocess.Popen([sys.executable, "-m", "bench.bench_deviceplugin_calls", "--serve-kubelet",
+                                         str(tmp)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self._answer("start")
+
+    def ask(self, op: str, **order: Any) -> dict[str, Any]:
+        assert self.process.stdin is not None
+        self.process.stdin.write(json.dumps({"op": op, **order}) + "\n")
+        self.process.stdin.flush()
+        return self._answer(op)
+
+    def _answer(self, op: str) -> dict[str, Any]:
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline()
+        if not line:
+            self.stop()
+            raise SystemExit(f"the test kubelet process ended during '{op}'; see its output above")
+        answer: dict[str, Any] = json.loads(line)
+        if "error" in answer:
+            self.stop()
+            raise SystemExit(f"the test kubelet failed: {answer['error']}")
+        return answer
+
+    def stop(self) -> None:
+        stop_child(self.process)
 
 
 class Node:
-    """One node: the slow API server (its own process), the test kubelet and the real plugin, and the pods on it."""
+    """One node: the slow API server and the test kubelet (processes of their own) and the real plugin, and the pods
+    on it."""
 
     def __init__(self, tmp: Path, latency: str) -> None:
         self.api = ApiProcess(tmp, latency)
@@ -140,9 +218,7 @@ class Node:
         self.gpus = fake_gpus(GPUS, NODE, "GiB")
         self.used = [0] * len(self.gpus)
         self.uids: dict[str, str] = {}
-        self.kubelet = TestKubelet(str(tmp / "dp"), str(tmp / "pr.sock"), lambda ns, name: self.uids[name])
-        self.kubelet.get_enabled = True
-        self.kubelet.start()
+        self.kubelet = KubeletProcess(tmp)
         settings = settings_from({
             "GPUSHARE_NODE_NAME": NODE, "GPUSHARE_VERIFY_KEY": str(public), "GPUSHARE_FAKE_GPUS": GPUS,
             "GPUSHARE_DEVICE_PLUGIN_DIR": str(tmp / "dp"), "GPUSHARE_POD_RESOURCES_SOCKET": str(tmp / "pr.sock"),
@@ -154,14 +230,15 @@ class Node:
         self.plugin = Plugin(settings)
         self.plugin.start()
         heap.freeze_start_up()  # as deviceplugin.main.run does once the plugin has started
-        self.kubelet.wait_registrations(1)
-        self.stub = self.kubelet.plugin()
-        self.kubelet.wait_lists(1)
+        endpoint = self.kubelet.ask("registered")["endpoint"]
+        self.channel = grpc.insecure_channel(f"unix://{tmp / 'dp' / endpoint}")
+        self.stub = deviceplugin_pb2_grpc.DevicePluginStub(self.channel)  # type: ignore[no-untyped-call]
         self.free = {g.index: list(device_ids(g)) for g in self.gpus}
         self.count = 0  # pods created so far (their names)
         self.running: list[tuple[str, int, list[str]]] = []  # the pods the node is filled with: name, GPU, IDs
 
     def stop(self) -> None:
+        self.channel.close()
         self.plugin.stop()
         self.kubelet.stop()
         self.api.stop()
@@ -191,7 +268,7 @@ class Node:
         changed = ""
         while len(self.running) < size:
             name, _, index, ids = self._pod(1, running=True)
-            self.kubelet.hold("team", name, "main", ids)
+            self.kubelet.ask("hold", name=name, uid=self.uids[name], ids=ids)
             self.running.append((name, index, ids))
             changed = name
         while len(self.running) > size:
@@ -202,7 +279,7 @@ class Node:
 
     def _delete(self, name: str, index: int, ids: list[str]) -> None:
         self.admin.delete_pod("team", name)
-        self.kubelet.forget("team", name)
+        self.kubelet.ask("forget", name=name)
         self.free[index][:0] = ids  # handed out last again, as the plugin prefers (GetPreferredAllocation)
         self.used[index] -= len(ids)
 
@@ -224,8 +301,8 @@ class Node:
         self._seen(created["metadata"]["uid"])
         request = pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=ids)])
         allocate = timed(lambda: self.stub.Allocate(request, timeout=20))
-        self.kubelet.hold("team", name, "main", ids)  # the kubelet records the assignment after Allocate returns
-        prestart = timed(lambda: self.kubelet.start_container("team", name, "main"))
+        self.kubelet.ask("hold", name=name, uid=self.uids[name], ids=ids)
+        prestart: float = self.kubelet.ask("start", name=name)["seconds"]
         self._delete(name, index, ids)
         self._seen(created["metadata"]["uid"], present=False)
         return allocate, prestart
@@ -289,9 +366,13 @@ def main() -> int:
     parser.add_argument("--samples", type=int, default=200)
     parser.add_argument("--latencies", default="0,1-5", help="API server latencies in ms, each a fresh node")
     parser.add_argument("--serve-api", type=Path, help=argparse.SUPPRESS)  # the API server's own process
+    parser.add_argument("--serve-kubelet", type=Path, help=argparse.SUPPRESS)  # the kubelet's own process
     args = parser.parse_args()
     if args.serve_api is not None:
         serve_api(args.serve_api, latency_of(args.latencies))
+        return 0
+    if args.serve_kubelet is not None:
+        serve_kubelet(args.serve_kubelet)
         return 0
     sizes = [int(s) for s in args.sizes.split(",")]
     checks: list[tuple[str, bool]] = []

@@ -7,6 +7,7 @@ import os
 import shutil
 import tempfile
 import time
+import zlib
 from collections.abc import Callable, Iterator
 from concurrent import futures
 from pathlib import Path
@@ -21,6 +22,7 @@ from deviceplugin.api import podresources_pb2 as pr
 from deviceplugin.devices import device_ids
 from node.inventory import Gpu, fake_gpus
 from tests.harness.apiserver.ports import MemoryStore, Pod
+from tests.harness.kubelet.devices import DeviceState, Entry
 from tests.harness.kubelet.node import Kubelet, KubeletConfig
 
 pytestmark = pytest.mark.timeout(60)
@@ -331,6 +333,34 @@ def test_admission_is_serial_and_sorted_by_creation_within_a_batch(sock_dir: Pat
     finally:
         plugin.close()
         kubelet.close()
+
+
+def test_the_checkpoint_file_holds_every_container_held_and_is_rewritten_on_each_change(tmp_path: Path) -> None:
+    path = tmp_path / "kubelet_internal_checkpoint"
+    state = DeviceState(str(path), "aliyun.com/gpu-mem")
+    state.registered = ["GPU-0-_-0", "GPU-0-_-1", "GPU-0-_-2"]
+    answer = dp.ContainerAllocateResponse(envs={"NVIDIA_VISIBLE_DEVICES": "0"}).SerializeToString()
+    state.record(Entry("u1", "team", "a", "init", "aliyun.com/gpu-mem", ("GPU-0-_-0",), b""), init=True,
+                 restartable=False)
+    state.record(Entry("u1", "team", "a", "main", "aliyun.com/gpu-mem", ("GPU-0-_-0", "GPU-0-_-1"), answer),
+                 init=False, restartable=False)
+    state.record(Entry("u2", "team", "b", "main", "aliyun.com/gpu-mem", ("GPU-0-_-2",), answer), init=False,
+                 restartable=False)
+    written = json.loads(path.read_text())
+    assert written == state.checkpoint()
+    assert [(e["PodUID"], e["ContainerName"], e["DeviceIDs"]) for e in written["Data"]["PodDeviceEntries"]] == [
+        ("u1", "init", {"-1": ["GPU-0-_-0"]}), ("u1", "main", {"-1": ["GPU-0-_-0", "GPU-0-_-1"]}),
+        ("u2", "main", {"-1": ["GPU-0-_-2"]})]
+    assert written["Data"]["RegisteredDevices"] == {"aliyun.com/gpu-mem": state.registered}
+    assert written["Checksum"] == zlib.crc32(json.dumps(written["Data"], sort_keys=True).encode())
+
+    state.release("u1")
+    written = json.loads(path.read_text())
+    assert [e["PodUID"] for e in written["Data"]["PodDeviceEntries"]] == ["u2"]
+    assert written["Checksum"] == zlib.crc32(json.dumps(written["Data"], sort_keys=True).encode())
+    again = DeviceState(str(path), "aliyun.com/gpu-mem")
+    again.load({"u2": ("team", "b")})
+    assert again.entries() == state.entries()
 
 
 def test_restart_removes_sockets_keeps_checkpoint_and_reloads_it(node_factory: Callable[..., Node]) -> None:

@@ -166,6 +166,8 @@ def serve_kubelet(tmp: Path) -> None:
                     answer["seconds"] = timed(functools.partial(kubelet.start_container, "team", name, "main"))
                 elif order["op"] == "forget":
                     kubelet.forget("team", name)
+                else:
+                    answer["error"] = "no such order"
             except Exception as exc:  # the parent stops with it
                 answer["error"] = f"{order['op']} {name}: {exc!r}"
             print(json.dumps(answer), flush=True)

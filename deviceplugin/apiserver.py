@@ -152,11 +152,7 @@ class KubeApiServer:
         return list(self._list().get("items") or [])
 
     def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
-        try:
-            response = self._kube.call(f"read pod {namespace}/{name}", self._core.read_namespaced_pod, name, namespace)
-        except NotFound:
-            return None
-        return json.loads(response.data)  # type: ignore[no-any-return]
+        return self._kube.read(f"read pod {namespace}/{name}", self._core.read_namespaced_pod, name, namespace)
 
     # -- writes ----------------------------------------------------------------------------------------
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import os
 import random
@@ -29,6 +30,11 @@ class Entry:
 
     def allocate_response(self) -> dp.ContainerAllocateResponse:
         return dp.ContainerAllocateResponse.FromString(self.response)
+
+    @functools.cached_property
+    def checkpoint_json(self) -> str:
+        """This entry as the checkpoint holds it, canonical JSON, made once: the file is rewritten from these."""
+        return json.dumps(checkpoint_item(self), sort_keys=True)
 
 
 # GetPreferredAllocation: (available IDs, IDs that must be included, allocation size) -> the plugin's answer.
@@ -63,8 +69,7 @@ def checkpoint_text(items: Iterable[str], registered: Mapping[str, list[str]]) -
 
 def checkpoint_document(entries: Iterable[Entry], registered: Mapping[str, list[str]]) -> dict[str, object]:
     """kubelet_internal_checkpoint as the kubelet writes it, parsed."""
-    parsed: dict[str, object] = json.loads(checkpoint_text(
-        (json.dumps(checkpoint_item(e), sort_keys=True) for e in entries), registered))
+    parsed: dict[str, object] = json.loads(checkpoint_text((e.checkpoint_json for e in entries), registered))
     return parsed
 
 
@@ -86,7 +91,6 @@ class DeviceState:
         self.resource = resource
         self._lock = threading.RLock()
         self._entries: dict[tuple[str, str], Entry] = {}
-        self._items: dict[tuple[str, str], str] = {}  # each entry as the checkpoint's canonical JSON
         self._reusable: dict[str, set[str]] = {}
         self._names: dict[str, tuple[str, str]] = {}
         self.registered: list[str] = []
@@ -138,7 +142,7 @@ class DeviceState:
     def record(self, entry: Entry, init: bool, restartable: bool) -> None:
         """After Allocate returned: hold the devices; an init container's become reusable by its pod."""
         with self._lock:
-            self._keep(entry)
+            self._entries[(entry.pod_uid, entry.container)] = entry
             self._names[entry.pod_uid] = (entry.namespace, entry.pod_name)
             reuse = self._reusable.setdefault(entry.pod_uid, set())
             if init and not restartable:
@@ -152,7 +156,6 @@ class DeviceState:
             keys = [k for k in self._entries if k[0] == pod_uid]
             for key in keys:
                 del self._entries[key]
-                del self._items[key]
             self._reusable.pop(pod_uid, None)
             self._names.pop(pod_uid, None)
             if keys:
@@ -174,22 +177,17 @@ class DeviceState:
 
     def save(self) -> None:
         with self._lock:
-            text = checkpoint_text(self._items.values(), {self.resource: list(self.registered)})
+            text = checkpoint_text((e.checkpoint_json for e in self._entries.values()),
+                                   {self.resource: list(self.registered)})
         tmp = self.checkpoint_path + ".tmp"
         with open(tmp, "w", encoding="utf-8") as fh:
             fh.write(text)
         os.replace(tmp, self.checkpoint_path)
 
-    def _keep(self, entry: Entry) -> None:
-        key = (entry.pod_uid, entry.container)
-        self._entries[key] = entry
-        self._items[key] = json.dumps(checkpoint_item(entry), sort_keys=True)
-
     def load(self, names: dict[str, tuple[str, str]]) -> None:
         """Re-read the checkpoint after a restart; pod names come from the API server (the file has UIDs only)."""
         with self._lock:
             self._entries.clear()
-            self._items.clear()
             try:
                 with open(self.checkpoint_path, encoding="utf-8") as fh:
                     doc = json.load(fh)
@@ -201,5 +199,5 @@ class DeviceState:
                 ids = tuple(d for group in item["DeviceIDs"].values() for d in group)
                 entry = Entry(uid, namespace, name, item["ContainerName"], item["ResourceName"], ids,
                               base64.b64decode(item["AllocResp"]))
-                self._keep(entry)
+                self._entries[(uid, entry.container)] = entry
             self.registered = list(doc["Data"]["RegisteredDevices"].get(self.resource, []))
